@@ -1,0 +1,1 @@
+"""minisgl: launcher, shell and the in-process LLM class."""

@@ -1,0 +1,182 @@
+"""Start the five services as separate processes on loopback, wait until all are healthy, stop them.
+
+The same code serves `minisgl serve` and the end-to-end tests. Each child gets PR_SET_PDEATHSIG so that
+no service outlives the launcher, even when the launcher itself is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from minisgl_core.config import DEFAULT_PORTS
+from minisgl_core.serving import wait_for_health
+
+log = logging.getLogger(__name__)
+
+# Order of start; stop goes in reverse so the gateway stops taking requests first.
+SERVICES = ("worker", "tokenizer", "detokenizer", "scheduler", "gateway")
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: the launcher's own signal handling still stops children
+        pass
+
+
+@dataclass
+class StackConfig:
+    model_path: str
+    host: str = "127.0.0.1"  # where the public HTTP and gRPC listeners bind
+    http_port: int = DEFAULT_PORTS["gateway_http"]
+    grpc_port: int = DEFAULT_PORTS["gateway_grpc"]
+    internal_ports: dict[str, int] = field(default_factory=dict)  # empty: defaults; 0: pick free
+    extra_args: dict[str, list[str]] = field(default_factory=dict)  # service -> more flags
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None  # None: children write to this process's stderr
+    log_level: str = "info"
+    metrics: bool = True
+    startup_timeout: float = 180.0
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.ports = {
+            name: config.internal_ports.get(name, DEFAULT_PORTS[name])
+            for name in ("worker", "tokenizer", "detokenizer", "scheduler")
+        }
+        self.ports = {k: (v or free_port()) for k, v in self.ports.items()}
+        self.metrics_ports = {k: (free_port() if config.metrics else 0) for k in self.ports}
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self._client_host()}:{self.config.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"{self._client_host()}:{self.config.grpc_port}"
+
+    def target(self, service: str) -> str:
+        return f"127.0.0.1:{self.ports[service]}"
+
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.config.host in ("0.0.0.0", "::", "") else self.config.host
+
+    def _command(self, name: str) -> list[str]:
+        cfg, py = self.config, [sys.executable, "-m"]
+        common = ["--log-level", cfg.log_level]
+        if name != "gateway":
+            common += ["--host", "127.0.0.1", "--port", str(self.ports[name]),
+                       "--metrics-port", str(self.metrics_ports[name])]
+        commands = {
+            "worker": py + ["minisgl_worker", "--model", cfg.model_path],
+            "tokenizer": py + ["minisgl_tokenizer", "tokenizer", "--model", cfg.model_path],
+            "detokenizer": py + ["minisgl_tokenizer", "detokenizer", "--model", cfg.model_path],
+            "scheduler": py + ["minisgl_scheduler", "--worker", self.target("worker")],
+            "gateway": py + [
+                "minisgl_gateway", "--host", cfg.host, "--port", str(cfg.http_port),
+                "--grpc-port", str(cfg.grpc_port), "--tokenizer", self.target("tokenizer"),
+                "--detokenizer", self.target("detokenizer"),
+                "--scheduler", self.target("scheduler"),
+            ],
+        }
+        return commands[name] + common + cfg.extra_args.get(name, [])
+
+    def _spawn(self, name: str) -> None:
+        out: int | IO[bytes] | None = None
+        if self.config.log_dir is not None:
+            self.config.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.config.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
+            self._logs.append(out)
+        env = {**os.environ, **self.config.env, "PYTHONUNBUFFERED": "1"}
+        self.processes[name] = subprocess.Popen(
+            self._command(name), stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
+            preexec_fn=_die_with_parent, start_new_session=True,
+        )
+
+    def _wait(self, name: str, target: str, deadline: float) -> None:
+        while True:
+            proc = self.processes[name]
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up"
+                                   + self._log_hint(name))
+            try:
+                wait_for_health(target, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                return
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} not healthy in time" + self._log_hint(name)) from None
+
+    def _log_hint(self, name: str) -> str:
+        if self.config.log_dir is None:
+            return ""
+        path = self.config.log_dir / f"{name}.log"
+        tail = path.read_text(errors="replace")[-3000:] if path.exists() else ""
+        return f"\n--- {path} (tail) ---\n{tail}"
+
+    def start(self) -> Stack:
+        deadline = time.monotonic() + self.config.startup_timeout
+        try:
+            for name in ("worker", "tokenizer", "detokenizer"):
+                self._spawn(name)
+            for name in ("worker", "tokenizer", "detokenizer"):
+                self._wait(name, self.target(name), deadline)
+            self._spawn("scheduler")
+            self._wait("scheduler", self.target("scheduler"), deadline)
+            self._spawn("gateway")
+            self._wait("gateway", self.grpc_target, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 20.0) -> dict[str, int | None]:
+        """SIGTERM in reverse start order, then SIGKILL what did not exit; returns exit codes."""
+        codes: dict[str, int | None] = {}
+        for name in reversed(SERVICES):
+            proc = self.processes.get(name)
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                codes[name] = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0fs; killing it", name, timeout)
+                proc.kill()
+                codes[name] = proc.wait()
+        for f in self._logs:
+            f.close()
+        self._logs.clear()
+        self.processes.clear()
+        return codes
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_stack(model_path: str, **kwargs: object) -> Stack:
+    return Stack(StackConfig(model_path=model_path, **kwargs)).start()  # type: ignore[arg-type]

@@ -1,0 +1,75 @@
+"""Command-line flags that every service shares, each with an environment variable fallback.
+
+A flag `--port` of the service `scheduler` reads `MINISGL_SCHEDULER_PORT` when not given; flags common
+to all services (`--log-level`) read `MINISGL_LOG_LEVEL`. Flags always win over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+# Default loopback ports of the local stack (`minisgl serve`); each service's --port overrides.
+DEFAULT_PORTS = {
+    "gateway_http": 8000,
+    "gateway_grpc": 50051,
+    "tokenizer": 50061,
+    "detokenizer": 50062,
+    "scheduler": 50063,
+    "worker": 50064,
+}
+DEFAULT_METRICS_PORTS = {
+    "tokenizer": 9161,
+    "detokenizer": 9162,
+    "scheduler": 9163,
+    "worker": 9164,
+}
+
+
+def env_name(service: str, flag: str) -> str:
+    return f"MINISGL_{service}_{flag}".upper().replace("-", "_")
+
+
+def env_default(service: str, flag: str, default: Any, kind: type = str) -> Any:
+    value = os.environ.get(env_name(service, flag))
+    if value is None:
+        return default
+    if kind is bool:
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return kind(value)
+
+
+class ServiceArgs:
+    """Builds a parser whose flags fall back to `MINISGL_<SERVICE>_<FLAG>` env vars."""
+
+    def __init__(self, service: str, description: str) -> None:
+        self.service = service
+        self.parser = argparse.ArgumentParser(
+            prog=f"minisgl-{service}",
+            description=description,
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            epilog=f"Every flag --x-y may also be set as MINISGL_{service.upper()}_X_Y.",
+        )
+
+    def add(self, flag: str, default: Any, help: str, kind: type = str, **kw: Any) -> None:
+        name = flag.lstrip("-")
+        value = env_default(self.service, name, default, kind)
+        if kind is bool:
+            self.parser.add_argument(
+                flag, default=value, action=argparse.BooleanOptionalAction, help=help
+            )
+        else:
+            self.parser.add_argument(flag, default=value, type=kind, help=help, **kw)
+
+    def add_common(self, port: int, metrics_port: int | None = None) -> None:
+        self.add("--host", "127.0.0.1", "address to listen on")
+        self.add("--port", port, "gRPC port", int)
+        if metrics_port is not None:
+            self.add("--metrics-port", metrics_port, "Prometheus /metrics port (0: off)", int)
+        self.add("--log-level", os.environ.get("MINISGL_LOG_LEVEL", "info"), "log level",
+                 choices=["debug", "info", "warning", "error"])
+        self.add("--drain-timeout", 30.0, "seconds to finish in-flight work on SIGTERM", float)
+
+    def parse(self, argv: list[str] | None = None) -> argparse.Namespace:
+        return self.parser.parse_args(argv)

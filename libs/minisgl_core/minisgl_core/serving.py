@@ -1,0 +1,139 @@
+"""Hosting a gRPC service: health, reflection, metrics, and a graceful drain on SIGTERM.
+
+Every internal service is a thin adapter over a plain class; `ServiceHost` is the piece they share:
+
+    host = ServiceHost("scheduler", args.host, args.port, metrics_port=args.metrics_port)
+    host.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "minisgl.v1.Scheduler")
+    host.on_drain(servicer.drain)   # optional: finish in-flight work before the server stops
+    host.serve_forever(drain_timeout=args.drain_timeout)
+
+On SIGTERM/SIGINT health turns NOT_SERVING (load balancers stop routing), the drain hooks run (bounded
+by the drain timeout), the server stops with that grace, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from minisgl_core.metrics import start_metrics_server
+
+log = logging.getLogger(__name__)
+
+# Large messages: a prefill plan or a tokenized prompt may carry 100k+ token ids.
+GRPC_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+]
+
+
+class ServiceHost:
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        metrics_port: int | None = None,
+        max_workers: int = 64,
+    ) -> None:
+        self.name = name
+        self.address = f"{host}:{port}"
+        self.metrics_port = metrics_port
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
+            options=GRPC_OPTIONS,
+        )
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self._service_names: list[str] = [health.SERVICE_NAME, reflection.SERVICE_NAME]
+        self._drain_hooks: list[Callable[[float], None]] = []
+        self._stop = threading.Event()
+        self.bound_port = 0
+
+    def add(self, add_to_server: Callable[[Any, grpc.Server], None], servicer: Any,
+            service_name: str) -> None:
+        add_to_server(servicer, self.server)
+        self._service_names.append(service_name)
+
+    def on_drain(self, hook: Callable[[float], None]) -> None:
+        """`hook(timeout_s)` runs on shutdown before the server stops; it should return once its
+        in-flight work is done or the timeout has passed."""
+        self._drain_hooks.append(hook)
+
+    def start(self) -> int:
+        reflection.enable_server_reflection(self._service_names, self.server)
+        self.bound_port = self.server.add_insecure_port(self.address)
+        if self.bound_port == 0:
+            raise RuntimeError(f"{self.name}: cannot listen on {self.address}")
+        self.server.start()
+        for service in ["", *self._service_names[2:]]:
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if self.metrics_port:
+            start_metrics_server(self.metrics_port)
+        log.info("%s listening on %s (metrics :%s)", self.name, self.address, self.metrics_port)
+        return self.bound_port
+
+    def stop(self, drain_timeout: float = 30.0) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        log.info("%s draining (up to %.0fs)", self.name, drain_timeout)
+        self.health.enter_graceful_shutdown()
+        deadline = time.monotonic() + drain_timeout
+        for hook in self._drain_hooks:
+            try:
+                hook(max(0.0, deadline - time.monotonic()))
+            except Exception:  # a failing hook must not keep the process alive
+                log.exception("drain hook failed")
+        self.server.stop(grace=max(0.0, deadline - time.monotonic())).wait()
+        log.info("%s stopped", self.name)
+
+    def serve_forever(self, drain_timeout: float = 30.0) -> None:
+        """Start, block until SIGTERM/SIGINT, drain, return (the caller exits 0)."""
+        self.start()
+        stop_requested = threading.Event()
+
+        def _on_signal(signum: int, _frame: object) -> None:
+            log.info("%s received signal %d", self.name, signum)
+            stop_requested.set()
+
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+        while not stop_requested.wait(0.5):
+            pass
+        self.stop(drain_timeout)
+
+
+def wait_for_health(target: str, timeout: float = 60.0, service: str = "") -> None:
+    """Block until `target` reports SERVING for `service`; raise TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError as exc:
+                last_error = exc
+            time.sleep(0.2)
+    raise TimeoutError(f"{target} not healthy after {timeout:.0f}s: {last_error}")
+
+
+def channel(target: str) -> grpc.Channel:
+    return grpc.insecure_channel(target, options=GRPC_OPTIONS)

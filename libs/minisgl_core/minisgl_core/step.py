@@ -1,0 +1,107 @@
+"""The scheduler -> worker contract as plain dataclasses (mirrors `minisgl.v1` worker messages).
+
+One `StepPlan` per scheduler step carries every request of the batch; one `StepOutput` comes back.
+The scheduler owns pages and slots; the worker owns the tensors they index:
+
+* `slot` is a row of the worker's per-request state (page table, last sampled token, penalty
+  counts, RNG seed). The scheduler hands slots out and reuses them after a request ends.
+* `new_pages` are written into the slot's page-table row starting at `page_offset`; earlier entries
+  stay as they were. A request (re)starting in a slot sends its full page list with offset 0.
+* `input_ids` empty means "decode": the input is the token the worker sampled for this slot in an
+  earlier step (a token future). This lets the scheduler send step N+1 before step N's tokens came
+  back (overlap scheduling).
+* Positions of the inputs are `cache_len, cache_len + 1, ...`; the KV of the first `cache_len`
+  tokens is already in the slot's pages (prefix-cache hit or earlier chunks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minisgl_core.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class ReqPlan:
+    rid: int
+    slot: int
+    cache_len: int
+    input_ids: list[int] = field(default_factory=list)  # empty => decode from the slot's future
+    page_offset: int = 0
+    new_pages: list[int] = field(default_factory=list)
+    sample: bool = True  # False for a non-final prefill chunk
+    # Set when the request (re)starts in this slot; the worker keeps it per slot until then.
+    sampling: SamplingParams | None = None
+    # Tokens already in the KV cache that the worker has not seen in this slot (prefix hits,
+    # recomputation after preemption): sent on (re)start only when penalties need the history.
+    history_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_input_tokens(self) -> int:
+        return len(self.input_ids) if self.input_ids else 1
+
+    @property
+    def is_decode(self) -> bool:
+        return not self.input_ids
+
+
+@dataclass(slots=True)
+class StepPlan:
+    step_id: int
+    reqs: list[ReqPlan] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_input_tokens for r in self.reqs)
+
+
+@dataclass(slots=True)
+class TopLogprobs:
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """Columnar: entry i belongs to rids[i]; only requests with `sample=True` appear."""
+
+    step_id: int
+    rids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # empty unless some request asked
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # aligned with rids when used
+    forward_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class WorkerInfo:
+    model_name: str
+    num_pages: int
+    page_size: int
+    max_model_len: int
+    max_slots: int  # rows of the page table: the most requests one step can hold
+    vocab_size: int
+    eos_token_ids: list[int]
+    tp_size: int = 1
+    device: str = "cpu"
+    attention_backend: str = "torch"
+
+
+class StepExecutor:
+    """What the scheduler drives: the in-process engine or the gRPC client of a worker.
+
+    `launch` must not block on the step's result; `collect` returns outputs in launch order.
+    At most two steps are in flight with overlap scheduling on, one with it off.
+    """
+
+    def info(self) -> WorkerInfo:
+        raise NotImplementedError
+
+    def launch(self, plan: StepPlan) -> None:
+        raise NotImplementedError
+
+    def collect(self) -> StepOutput:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources; idempotent."""
