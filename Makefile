@@ -37,6 +37,7 @@ protos: install
 	$(PY) scripts/gen_protos.py
 
 test: install lint
+	@scripts/ensure_test_tools.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -80,3 +80,12 @@ def test_compose_services_use_real_flags() -> None:
         assert_flags_exist(name, command)
     for mount in services["prometheus"]["volumes"] + services["envoy"]["volumes"]:
         assert (ROOT / mount.split(":")[0]).exists(), mount
+
+
+def test_grafana_dashboard_is_generated_from_script() -> None:
+    import json
+    import runpy
+
+    build = runpy.run_path(str(ROOT / "scripts" / "gen_grafana_dashboard.py"))["build"]
+    shipped = json.loads((ROOT / "deploy/grafana/dashboards/minisgl.json").read_text())
+    assert shipped == build(), "run scripts/gen_grafana_dashboard.py"
