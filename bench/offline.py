@@ -1,0 +1,106 @@
+"""Offline throughput on nano-vllm's workload through the in-process `LLM` class.
+
+256 sequences, prompt length and ids randint(100, 1024) / randint(0, 10000), output randint(100, 1024)
+with ignore_eos — 142,827 input and 133,966 output tokens. Prints output tok/s and the ratio to the
+roofline (weights + KV reads per decode step at the measured HBM bandwidth).
+
+    python bench/offline.py --model models/configs/Qwen3-0.6B --load-format dummy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from roofline import ModelShape, measure_hbm_bandwidth, roofline_seconds  # noqa: E402
+
+EXPECTED_TOKENS = (142_827, 133_966)
+
+
+def workload(num_seqs: int = 256, max_input: int = 1024, max_output: int = 1024,
+             seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    random.seed(seed)
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, max_input))]
+               for _ in range(num_seqs)]
+    outputs = [random.randint(100, max_output) for _ in range(num_seqs)]
+    return prompts, outputs
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model dir (config.json is enough with dummy)")
+    p.add_argument("--load-format", default="dummy")
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--page-size", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--max-prefill-tokens", type=int, default=None)
+    p.add_argument("--disable-overlap", action="store_true")
+    p.add_argument("--cache", default="radix", choices=["radix", "naive"])
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--hbm-tbps", type=float, default=None, help="skip measuring; use this TB/s")
+    p.add_argument("--tflops", type=float, default=790.0, help="bf16 dense TFLOP/s for prefill")
+    p.add_argument("--json", default=None, help="append the result as a JSON line to this file")
+    args = p.parse_args()
+
+    from minisgl.llm import LLM
+    from minisgl_core.sampling import SamplingParams
+
+    prompts, out_lens = workload(args.num_seqs)
+    if args.num_seqs == 256:
+        assert (sum(map(len, prompts)), sum(out_lens)) == EXPECTED_TOKENS
+    kwargs = dict(load_format=args.load_format, tp_size=args.tp_size,
+                  attention_backend=args.attention_backend, cache=args.cache,
+                  disable_overlap=args.disable_overlap, disable_cuda_graph=args.disable_cuda_graph,
+                  max_running_requests=args.max_running_requests)
+    if args.page_size:
+        kwargs["page_size"] = args.page_size
+    if args.max_prefill_tokens:
+        kwargs["max_prefill_tokens"] = args.max_prefill_tokens
+    llm = LLM(args.model, **kwargs)
+    params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
+              for n in out_lens]
+    llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=8))  # warm-up: JIT, graphs
+    start = time.perf_counter()
+    results = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    produced = sum(len(r["token_ids"]) for r in results)
+    assert produced == sum(out_lens), (produced, sum(out_lens))
+
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    bw = args.hbm_tbps * 1e12 if args.hbm_tbps else (measure_hbm_bandwidth() if on_gpu else 0)
+    record = {
+        "model": Path(args.model).name, "tp": args.tp_size, "backend": args.attention_backend,
+        "overlap": not args.disable_overlap, "cache": args.cache,
+        "cuda_graph": not args.disable_cuda_graph,
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+        "input_tokens": sum(map(len, prompts)), "output_tokens": produced,
+        "seconds": round(elapsed, 3), "output_tok_s": round(produced / elapsed, 1),
+    }
+    if bw:
+        shape = ModelShape.from_config(args.model, tp_size=args.tp_size)
+        floor = roofline_seconds(shape, [len(x) for x in prompts], out_lens, bw,
+                                 args.tflops * 1e12)
+        record.update({"hbm_tb_s": round(bw / 1e12, 2),
+                       "roofline_s": round(floor["total_s"], 3),
+                       "roofline_tok_s": round(produced / floor["total_s"], 1),
+                       "pct_of_roofline": round(100 * floor["total_s"] / elapsed, 1)})
+    print(json.dumps(record))
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Roofline estimate for a workload: the fewest bytes a step-by-step decode must move, over bandwidth.
+
+Decode is memory-bound: every step reads all weights once (shared by the batch) and each running
+request's KV cache. Prefill is compute-bound: ~2 FLOPs per parameter per prompt token.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ModelShape:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    weight_bytes: int  # all weights read per decode step (active experts only for MoE)
+    active_params: int
+    dtype_bytes: int = 2
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @classmethod
+    def from_config(cls, path: str | Path, dtype_bytes: int = 2, tp_size: int = 1) -> ModelShape:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+        heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads",
+                                                                cfg["num_attention_heads"])
+        head_dim = cfg.get("head_dim") or h // heads
+        vocab = cfg["vocab_size"]
+        attn = h * head_dim * (heads + 2 * kv_heads) + heads * head_dim * h
+        if "num_experts" in cfg:  # MoE: only routed experts' weights are read per token
+            inter = cfg["moe_intermediate_size"]
+            mlp_active = 3 * h * inter * cfg["num_experts_per_tok"] + h * cfg["num_experts"]
+        else:
+            mlp_active = 3 * h * cfg["intermediate_size"]
+        embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+        active = layers * (attn + mlp_active) + embed
+        return cls(num_layers=layers, num_kv_heads=max(1, kv_heads // tp_size),
+                   head_dim=head_dim, weight_bytes=active * dtype_bytes // tp_size,
+                   active_params=active // tp_size, dtype_bytes=dtype_bytes)
+
+
+def roofline_seconds(shape: ModelShape, prompt_lens: list[int], output_lens: list[int],
+                     hbm_bytes_per_s: float, flops_per_s: float) -> dict[str, float]:
+    """All requests start together (batch = everything that fits); one decode step per token."""
+    kv_bytes = 0
+    for p, o in zip(prompt_lens, output_lens, strict=True):
+        # decode token i (1..o-1) reads p + i cached tokens; the first token comes from prefill
+        kv_bytes += shape.kv_bytes_per_token * sum(p + i for i in range(1, o))
+    steps = max(output_lens)
+    weight_bytes = steps * shape.weight_bytes
+    prefill_flops = 2 * shape.active_params * sum(prompt_lens)
+    parts = {
+        "kv_s": kv_bytes / hbm_bytes_per_s,
+        "weights_s": weight_bytes / hbm_bytes_per_s,
+        "prefill_s": prefill_flops / flops_per_s,
+    }
+    parts["total_s"] = sum(parts.values())
+    return parts
+
+
+def measure_hbm_bandwidth() -> float:
+    """Device-to-device copy of 2 GiB, bytes read + written per second (CUDA only)."""
+    import torch
+
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    times.sort()
+    return 2 * n / times[len(times) // 2]
