@@ -1,0 +1,218 @@
+"""Online load against the gateway (OpenAI HTTP or gRPC): throughput, TTFT, ITL, errors.
+
+    # against a running stack
+    python bench/serving.py --url http://127.0.0.1:8000 --concurrency 256
+    # start the five-service stack itself, and first run the same workload in-process for the ratio
+    python bench/serving.py --launch --model models/configs/Qwen3-0.6B --load-format dummy \
+        --compare-in-process
+
+Workloads: `random` (nano-vllm's: token-id prompts, ignore_eos) or `shared-prefix` (a common system
+prompt followed by a random suffix). Load: fixed concurrency, or a Poisson request rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@dataclass
+class Result:
+    ok: bool
+    output_tokens: int = 0
+    ttft: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    latency: float = 0.0
+    error: str = ""
+
+
+def build_workload(kind: str, n: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    from offline import workload
+
+    if kind == "random":
+        prompts, outs = workload(n, seed=seed)
+        return list(zip(prompts, outs, strict=True))
+    rng = random.Random(seed)
+    system = [rng.randint(0, 10000) for _ in range(512)]
+    return [(system + [rng.randint(0, 10000) for _ in range(rng.randint(16, 128))],
+             rng.randint(64, 256)) for _ in range(n)]
+
+
+async def http_request(client, url: str, model: str, prompt: list[int], max_tokens: int) -> Result:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0.6, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    last, res = start, Result(ok=False)
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
+            if reply.status_code != 200:
+                return Result(ok=False, error=f"HTTP {reply.status_code}")
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    res.output_tokens = chunk["usage"]["completion_tokens"]
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    now = time.perf_counter()
+                    if res.ttft == 0.0:
+                        res.ttft = now - start
+                    else:
+                        res.itls.append(now - last)
+                    last = now
+        res.ok, res.latency = True, time.perf_counter() - start
+    except Exception as exc:  # a benchmark counts errors; it does not stop on them
+        res.error = repr(exc)
+    return res
+
+
+async def grpc_request(stub, pb, prompt: list[int], max_tokens: int) -> Result:
+    from minisgl_core.proto.minisgl.v1 import common_pb2
+
+    request = pb.GenerateRequest(
+        token_ids=common_pb2.TokenIds(ids=prompt),
+        sampling=common_pb2.SamplingParams(temperature=0.6, max_tokens=max_tokens,
+                                           ignore_eos=True))
+    start = time.perf_counter()
+    last, res = start, Result(ok=False)
+    try:
+        async for msg in stub.GenerateStream(request):
+            now = time.perf_counter()
+            if msg.choices and msg.choices[0].token_ids:
+                if res.ttft == 0.0:
+                    res.ttft = now - start
+                else:
+                    res.itls.append(now - last)
+                last = now
+            if msg.HasField("usage") and msg.usage.completion_tokens:
+                res.output_tokens = msg.usage.completion_tokens
+        res.ok, res.latency = True, time.perf_counter() - start
+    except Exception as exc:
+        res.error = repr(exc)
+    return res
+
+
+async def run_load(args, workload: list[tuple[list[int], int]], url: str, target: str) -> dict:
+    sem = asyncio.Semaphore(args.concurrency)
+    rng = random.Random(1)
+    if args.protocol == "http":
+        import httpx
+
+        client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
+        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+
+        def send(p, n):
+            return http_request(client, url, model, p, n)
+    else:
+        import grpc
+        from minisgl_core.proto.minisgl.v1 import generation_pb2 as pb
+        from minisgl_core.proto.minisgl.v1 import generation_pb2_grpc as pbg
+
+        channel = grpc.aio.insecure_channel(target)
+        stub = pbg.GenerationStub(channel)
+
+        def send(p, n):
+            return grpc_request(stub, pb, p, n)
+
+    async def one(prompt: list[int], max_tokens: int) -> Result:
+        async with sem:
+            return await send(prompt, max_tokens)
+
+    start = time.perf_counter()
+    tasks = []
+    for prompt, max_tokens in workload:
+        tasks.append(asyncio.create_task(one(prompt, max_tokens)))
+        if args.request_rate > 0:
+            await asyncio.sleep(rng.expovariate(args.request_rate))
+    results = await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    ok = [r for r in results if r.ok]
+    pct = lambda xs, q: round(1000 * statistics.quantiles(xs, n=100)[q - 1], 2) if len(xs) > 1 else None  # noqa: E731
+    ttfts = [r.ttft for r in ok]
+    itls = [x for r in ok for x in r.itls]
+    return {
+        "protocol": args.protocol, "workload": args.workload, "requests": len(results),
+        "errors": len(results) - len(ok), "concurrency": args.concurrency,
+        "request_rate": args.request_rate, "seconds": round(elapsed, 3),
+        "output_tok_s": round(sum(r.output_tokens for r in ok) / elapsed, 1),
+        **{f"ttft_p{q}_ms": pct(ttfts, q) for q in (50, 90, 99)},
+        **{f"itl_p{q}_ms": pct(itls, q) for q in (50, 90, 99)},
+        "first_errors": [r.error for r in results if not r.ok][:3],
+    }
+
+
+def in_process(args, workload) -> float:
+    from minisgl.llm import LLM
+    from minisgl_core.sampling import SamplingParams
+
+    llm = LLM(args.model, load_format=args.load_format)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4))
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for _, n in workload]
+    start = time.perf_counter()
+    out = llm.generate([p for p, _ in workload], params)
+    rate = sum(len(r["token_ids"]) for r in out) / (time.perf_counter() - start)
+    llm.shutdown()
+    return rate
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--grpc-target", default="127.0.0.1:50051")
+    p.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    p.add_argument("--workload", choices=["random", "shared-prefix"], default="random")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--request-rate", type=float, default=0.0, help="req/s (Poisson); 0 = all")
+    p.add_argument("--launch", action="store_true", help="start the stack with --model")
+    p.add_argument("--model", default=None)
+    p.add_argument("--load-format", default="dummy")
+    p.add_argument("--worker-args", default="")
+    p.add_argument("--compare-in-process", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    workload = build_workload(args.workload, args.num_requests)
+    record: dict = {}
+    if args.compare_in_process:
+        record["in_process_tok_s"] = round(in_process(args, workload), 1)
+    stack = None
+    if args.launch:
+        import shlex
+
+        from minisgl.launcher import Stack, StackConfig, free_port
+
+        worker_args = ["--load-format", args.load_format, *shlex.split(args.worker_args)]
+        stack = Stack(StackConfig(model_path=args.model, http_port=free_port(),
+                                  grpc_port=free_port(),
+                                  internal_ports=dict.fromkeys(
+                                      ("worker", "tokenizer", "detokenizer", "scheduler"), 0),
+                                  extra_args={"worker": worker_args},
+                                  log_dir=Path("/tmp/minisgl-bench-logs"), log_level="warning",
+                                  startup_timeout=900)).start()
+        args.url, args.grpc_target = stack.http_url, stack.grpc_target
+    try:
+        record.update(asyncio.run(run_load(args, workload, args.url, args.grpc_target)))
+    finally:
+        if stack is not None:
+            stack.stop()
+    if "in_process_tok_s" in record:
+        record["stack_over_in_process"] = round(record["output_tok_s"]
+                                                / record["in_process_tok_s"], 3)
+    print(json.dumps(record))
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
