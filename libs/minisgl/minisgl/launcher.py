@@ -6,6 +6,7 @@ no service outlives the launcher, even when the launcher itself is killed with S
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from minisgl_core.config import DEFAULT_PORTS
+from minisgl_core.config import DEFAULT_PORTS, env_default
 from minisgl_core.serving import wait_for_health
 
 log = logging.getLogger(__name__)
@@ -35,10 +36,9 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    try:
+    # Not Linux: no prctl; the launcher's own signal handling still stops the children.
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: the launcher's own signal handling still stops children
-        pass
 
 
 @dataclass
@@ -59,8 +59,9 @@ class StackConfig:
 class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
+        # Internal ports: explicit config, else MINISGL_<SERVICE>_PORT, else the defaults.
         self.ports = {
-            name: config.internal_ports.get(name, DEFAULT_PORTS[name])
+            name: config.internal_ports.get(name, env_default(name, "port", DEFAULT_PORTS[name], int))
             for name in ("worker", "tokenizer", "detokenizer", "scheduler")
         }
         self.ports = {k: (v or free_port()) for k, v in self.ports.items()}

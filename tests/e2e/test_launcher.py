@@ -1,0 +1,76 @@
+"""`minisgl serve`: five real processes, healthy, serving; SIGTERM stops all of them, no orphan."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from minisgl.launcher import free_port
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _children(pid: int) -> set[int]:
+    """All descendants of pid, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {c for c, p in parents.items() if p in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
+def test_serve_starts_all_and_stops_all(tiny_model_path: Path, how: signal.Signals) -> None:
+    http, grpc_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minisgl.cli", "serve", "--model", str(tiny_model_path),
+         "--port", str(http), "--grpc-port", str(grpc_port), "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, **{f"MINISGL_{s}_PORT": str(free_port())
+                              for s in ("WORKER", "TOKENIZER", "DETOKENIZER", "SCHEDULER")}},
+    )
+    try:
+        deadline = time.monotonic() + 180
+        banner = ""
+        while "Ctrl-C" not in banner:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, f"launcher exited: {proc.returncode}"
+            banner += line
+            assert time.monotonic() < deadline, banner
+        assert f"http://127.0.0.1:{http}" in banner and f"127.0.0.1:{grpc_port}" in banner
+        children = _children(proc.pid)
+        assert len(children) >= 5, children
+        reply = httpx.post(f"http://127.0.0.1:{http}/v1/completions",
+                           json={"prompt": "And God said", "max_tokens": 5}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        proc.send_signal(how)
+        assert proc.wait(60) == 0
+        time.sleep(0.5)
+        assert not [c for c in children if _alive(c)], "orphaned service processes"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
