@@ -1,0 +1,189 @@
+"""GPU check of the fused MoE kernels at Qwen3-30B-A3B shapes: accuracy, then speed.
+
+    source bench/gpu_env.sh && python bench/gpu_check_moe.py [--json moe.json] [--sweep]
+
+For each batch size T: bf16 `fused_moe_triton` and bf16 `moe_reference` are compared with an fp32
+reference (relative Frobenius error); then both are timed with CUDA events, the median of many runs
+with L2 flushed before each, and the fused op also as a replayed CUDA graph (no launch overhead, as
+in decode serving; its output must equal the eager one bit for bit). Decode sizes are read as
+bandwidth (bytes of the touched experts' weights / time), prefill sizes as TFLOP/s
+(2 * T * top_k * 3 * H * I / time). --sweep times a grid of tile configs per T and prints the best,
+to re-tune `choose_config`. Exit status 1 if any fused error exceeds --tol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "services" / "worker"))
+
+from minisgl_worker.fused_moe import (  # noqa: E402
+    GemmTile,
+    MoeConfig,
+    choose_config,
+    fused_moe_triton,
+    moe_reference,
+    route,
+)
+from roofline import measure_hbm_bandwidth  # noqa: E402
+
+E, H, INTER, TOP_K = 128, 2048, 768, 8  # Qwen3-30B-A3B: experts, hidden, moe_intermediate, k
+DECODE_MAX_T = 64  # up to here the op is memory-bound; above, compute-bound
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+class Timer:
+    """Median per-call time in ms; L2 (50 MB on H100) is flushed before every call so decode
+    sizes read their weights from HBM, not from the previous iteration's cache."""
+
+    def __init__(self) -> None:
+        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
+        for _ in range(warmup):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for s, e in zip(starts, ends, strict=True):
+            self.flush.zero_()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+
+
+def bind(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> Callable[..., torch.Tensor]:
+    return lambda **kw: fn(*args, **kw)
+
+
+def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def sweep_configs(t: int) -> list[MoeConfig]:
+    block_ms = [16, 32] if t <= 128 else [32, 64] if t <= 512 else [64, 128]
+    up = [GemmTile(n, k, w, s) for n, k, w, s in
+          [(32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4),
+           (128, 128, 8, 2)]]
+    down = [GemmTile(n, k, w, s) for n, k, w, s in
+            [(64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 8, 3), (256, 64, 8, 3), (256, 64, 8, 4),
+             (256, 128, 8, 2)]]
+    base = choose_config(t)
+    # Tune each GEMM's tile with the other at its default: the two launches are independent.
+    return list(dict.fromkeys(
+        [MoeConfig(bm, u, base.down) for bm, u in itertools.product(block_ms, up)]
+        + [MoeConfig(bm, base.gate_up, d) for bm, d in itertools.product(block_ms, down)]))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 256, 1024, 4096])
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--tol", type=float, default=1e-2, help="max fused rel. error vs fp32")
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_check_moe: needs a CUDA device", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
+    torch.manual_seed(0)
+    dev, bf16 = "cuda", torch.bfloat16
+    w13_32 = torch.randn(E, 2 * INTER, H, device=dev) / H**0.5
+    w2_32 = torch.randn(E, H, INTER, device=dev) / INTER**0.5
+    w13, w2 = w13_32.to(bf16), w2_32.to(bf16)
+    expert_bytes = 3 * H * INTER * w13.element_size()
+    hbm = measure_hbm_bandwidth()
+    timer = Timer()
+    print(f"{torch.cuda.get_device_name()}  copy bandwidth {hbm / 1e12:.2f} TB/s  "
+          f"E={E} H={H} I={INTER} top_k={TOP_K} bf16")
+    print(f"{'T':>5} {'experts':>7} {'err fused':>9} {'err ref':>9} {'fused ms':>9} "
+          f"{'graph ms':>9} {'ref ms':>9} {'speedup':>7} {'GB/s':>7} {'%HBM':>5} {'TFLOP/s':>7}")
+    rows, ok = [], True
+    for t in args.tokens:
+        x = torch.randn(t, H, device=dev, dtype=bf16)
+        weights, ids = route(torch.randn(t, E, device=dev, dtype=bf16), TOP_K, True)
+        want = moe_reference(x.float(), w13_32, w2_32, ids, weights.float())
+        call = bind(fused_moe_triton, x, w13, w2, ids, weights)
+        out = call()
+        ref = moe_reference(x, w13, w2, ids, weights)
+        err_fused, err_ref = rel_err(out, want), rel_err(ref, want)
+        ok &= err_fused <= args.tol
+
+        fused_ms = timer(call, args.iters)
+        graph, graph_out = capture(call)
+        graph.replay()
+        torch.cuda.synchronize()
+        graph_equal = torch.equal(graph_out, out)
+        ok &= graph_equal
+        graph_ms = timer(graph.replay, args.iters)
+        ref_ms = timer(bind(moe_reference, x, w13, w2, ids, weights), max(5, args.iters // 10))
+
+        touched = int(ids.unique().numel())
+        gbps = touched * expert_bytes / (graph_ms * 1e-3) / 1e9
+        tflops = 2 * t * TOP_K * 3 * H * INTER / (fused_ms * 1e-3) / 1e12
+        row = dict(tokens=t, experts_touched=touched, err_fused=err_fused, err_ref=err_ref,
+                   fused_ms=fused_ms, graph_ms=graph_ms, ref_ms=ref_ms, graph_equal=graph_equal,
+                   weight_gb_per_s=gbps, tflops=tflops, config=repr(choose_config(t)))
+        print(f"{t:>5} {touched:>7} {err_fused:>9.2e} {err_ref:>9.2e} {fused_ms:>9.4f} "
+              f"{graph_ms:>9.4f} {ref_ms:>9.3f} {ref_ms / fused_ms:>6.1f}x "
+              f"{gbps:>7.0f} {100 * gbps * 1e9 / hbm:>4.0f}% {tflops:>7.1f}"
+              + ("" if graph_equal else "  GRAPH OUTPUT DIFFERS"))
+        if args.sweep:
+            row["sweep"] = sweep(t, call, timer, max(10, args.iters // 4), fused_ms)
+        rows.append(row)
+        del graph, graph_out
+    print(f"decode rows (T<={DECODE_MAX_T}): GB/s = touched experts' weights / CUDA-graph time; "
+          "prefill rows: TFLOP/s from eager time")
+    print(f"accuracy {'OK' if ok else 'FAILED'} (fused vs fp32 <= {args.tol:g}, graph == eager)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
+                                                   hbm_bytes_per_s=hbm, rows=rows), indent=1))
+    return 0 if ok else 1
+
+
+def sweep(t: int, call: Callable[..., torch.Tensor], timer: Timer, iters: int,
+          default_ms: float) -> list[dict]:
+    results, default_out = [], call()
+    for cfg in sweep_configs(t):
+        try:
+            err = rel_err(call(config=cfg), default_out)
+            ms = timer(lambda cfg=cfg: call(config=cfg), iters)
+        except Exception as exc:  # e.g. a tile that needs more shared memory than there is
+            print(f"    skip {cfg}: {type(exc).__name__}")
+            continue
+        if err > 1e-2:  # tiles change only the order of fp32 sums; more means a broken config
+            print(f"    WRONG ({err:.1e} from the default) {cfg}")
+            continue
+        results.append(dict(config=repr(cfg), ms=ms))
+    results.sort(key=lambda r: r["ms"])
+    for r in results[:3]:
+        print(f"    {r['ms']:.4f} ms ({default_ms / r['ms']:.2f}x default)  {r['config']}")
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""minisgl gateway: OpenAI-compatible HTTP and the public minisgl.v1.Generation gRPC API."""

@@ -1,0 +1,192 @@
+"""The gateway's shared state: upstream channels, the pipeline, model info, keys and admission.
+
+Both public protocols (http_api, grpc_api) hold one `Gateway` and go through it for everything
+that touches an upstream service or a limit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from minisgl_core.proto.minisgl.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from minisgl_core.serving import GRPC_OPTIONS
+
+from minisgl_gateway import metrics
+from minisgl_gateway.config import GatewayConfig
+from minisgl_gateway.errors import ApiError, from_rpc_error, from_upstream, invalid, overloaded
+from minisgl_gateway.errors import unavailable as unavailable_error
+from minisgl_gateway.job import Job, model_error
+from minisgl_gateway.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    max_model_len: int
+    vocab_size: int
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.limits = config.limits
+        self._channels = {
+            name: grpc.aio.insecure_channel(target, options=GRPC_OPTIONS)
+            for name, target in (("tokenizer", config.tokenizer),
+                                 ("detokenizer", config.detokenizer),
+                                 ("scheduler", config.scheduler))
+        }
+        self._tokenizer = tokenizer_pb2_grpc.TokenizerStub(self._channels["tokenizer"])
+        self.pipeline = Pipeline(self._channels["scheduler"], self._channels["detokenizer"],
+                                 retry_after=self.limits.retry_after_s)
+        self._info: ModelInfo | None = None
+        self._keys = [k.encode() for k in config.api_keys]
+        self.active = 0  # admitted generation requests
+        self.draining = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the streams and learn the model; raises TimeoutError if upstreams stay down."""
+        self.pipeline.start()
+        deadline = time.monotonic() + self.config.startup_timeout
+        last: Exception | None = None
+        while self._info is None:
+            try:
+                reply = await self._tokenizer.GetTokenizerInfo(
+                    tokenizer_pb2.GetTokenizerInfoRequest(), wait_for_ready=True,
+                    timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                self._info = ModelInfo(
+                    name=self.config.model_name or reply.model_name or "minisgl",
+                    max_model_len=reply.max_model_len, vocab_size=reply.vocab_size)
+            except grpc.aio.AioRpcError as exc:
+                last = exc
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"tokenizer at {self.config.tokenizer} did not answer: "
+                                       f"{exc.code().name}") from None
+                await asyncio.sleep(0.2)
+        if not await self.pipeline.wait_ready(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"could not open the scheduler ({self.config.scheduler}) and "
+                               f"detokenizer ({self.config.detokenizer}) streams; last: {last}")
+        log.info("serving model %s (context %d, vocab %d)", self.info.name,
+                 self.info.max_model_len, self.info.vocab_size)
+
+    async def close(self) -> None:
+        await self.pipeline.close()
+        for channel in self._channels.values():
+            await channel.close()
+
+    @property
+    def info(self) -> ModelInfo:
+        if self._info is None:
+            raise unavailable_error("the gateway is starting up", self.limits.retry_after_s)
+        return self._info
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def check_key(self, authorization: str | None) -> None:
+        """`authorization` is the header / metadata value ("Bearer KEY")."""
+        if not self._keys:
+            return
+        if not authorization:
+            raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>'",
+                           code="missing_api_key")
+        scheme, _, key = authorization.strip().partition(" ")
+        given = key.strip().encode("utf-8", "replace")
+        # Compare with every key in constant time so the timing says nothing about which matched.
+        matched = False
+        for k in self._keys:
+            matched |= hmac.compare_digest(given, k)
+        if scheme.lower() != "bearer" or not matched:
+            raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
+
+    def check_model(self, name: str) -> None:
+        if name and name != self.info.name:
+            raise model_error(name)
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Counts a generation request in flight; refuses past the limit or while draining."""
+        if self.draining:
+            raise unavailable_error("the gateway is shutting down", self.limits.retry_after_s)
+        if self.active >= self.limits.max_concurrent_requests:
+            raise overloaded(f"too many concurrent requests (limit "
+                             f"{self.limits.max_concurrent_requests}); retry later",
+                             self.limits.retry_after_s)
+        self.active += 1
+        metrics.RUNNING.inc()
+        try:
+            yield
+        finally:
+            self.active -= 1
+            metrics.RUNNING.dec()
+
+    # -- upstream calls ----------------------------------------------------------------------
+
+    async def tokenize(self, job: Job) -> list[list[int]]:
+        info = self.info
+        limit = info.max_model_len - 1
+        if self.limits.max_prompt_tokens:
+            limit = min(limit, self.limits.max_prompt_tokens)
+        request = tokenizer_pb2.TokenizeRequest(items=job.prompts, max_prompt_tokens=limit)
+        try:
+            reply = await self._tokenizer.Tokenize(request, timeout=self.config.upstream_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error("tokenizer", exc, self.limits.retry_after_s) from None
+        if len(reply.results) != len(job.prompts):
+            raise ApiError(502, "the tokenizer answered with the wrong number of results",
+                           code="upstream_error")
+        out = []
+        for result in reply.results:
+            if result.error.code:
+                raise from_upstream(result.error, self.limits.retry_after_s,
+                                    param=job.prompt_param)
+            ids = list(result.token_ids)
+            if len(ids) > limit:
+                raise invalid(f"the prompt has {len(ids)} tokens; at most {limit} are allowed "
+                              f"(context window {info.max_model_len})", param=job.prompt_param,
+                              code="context_length_exceeded")
+            if not ids:
+                raise invalid("the prompt is empty after tokenization", param=job.prompt_param)
+            out.append(ids)
+        return out
+
+    async def token_strings(self, ids: list[int]) -> dict[int, str]:
+        """Each id decoded on its own (logprob tokens): one DecodeTokens call for the batch."""
+        unique = sorted(set(ids))
+        if not unique:
+            return {}
+        try:
+            reply = await self._tokenizer.DecodeTokens(
+                tokenizer_pb2.DecodeTokensRequest(token_ids=unique),
+                timeout=self.config.upstream_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error("tokenizer", exc, self.limits.retry_after_s) from None
+        if len(reply.texts) != len(unique):
+            raise ApiError(502, "DecodeTokens answered with the wrong number of texts",
+                           code="upstream_error")
+        return dict(zip(unique, reply.texts, strict=True))
+
+    async def upstream_health(self) -> dict[str, bool]:
+        async def check(channel: grpc.aio.Channel) -> bool:
+            try:
+                reply = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+            except grpc.aio.AioRpcError:
+                return False
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+        names = list(self._channels)
+        results = await asyncio.gather(*(check(self._channels[n]) for n in names))
+        status = dict(zip(names, results, strict=True))
+        status["streams"] = self.pipeline.ready
+        return status

@@ -1,0 +1,172 @@
+"""Running one job: validate, tokenize, submit its sequences, and turn their step events into
+choice chunks (with logprob token strings) and usage. Protocol-agnostic: HTTP and gRPC format the
+chunks; both call `close()` when they are done, which aborts whatever is still running."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from minisgl_core.proto.minisgl.v1 import common_pb2
+
+from minisgl_gateway import metrics
+from minisgl_gateway.core import Gateway
+from minisgl_gateway.job import Job, check_job, choice_seed, resolve_max_tokens
+from minisgl_gateway.pipeline import Sequence, StepEvent
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]] = field(default_factory=list)  # (id, text, logprob)
+
+
+@dataclass(slots=True)
+class ChoiceChunk:
+    """New output of one choice since the previous chunk (all of it for a unary answer)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length"
+    matched_stop: str = ""
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Generation:
+    def __init__(self, gateway: Gateway, job: Job) -> None:
+        self.gateway = gateway
+        self.job = job
+        self.arrival = time.monotonic()
+        self._queue: asyncio.Queue[StepEvent] = asyncio.Queue()
+        self._seqs: list[Sequence] = []
+        self._prompt_lens: list[int] = []
+        self._completion = [0] * job.num_choices
+        self._cached = [0] * job.num_choices
+        self._last_token_at: list[float | None] = [None] * job.num_choices
+        self._first_token_at: float | None = None
+        self._finished = 0
+        self._closed = False
+
+    @property
+    def num_choices(self) -> int:
+        return self.job.num_choices
+
+    async def start(self) -> None:
+        """Checks, tokenizes and submits; raises ApiError when the request cannot run."""
+        gw, job = self.gateway, self.job
+        info = gw.info
+        gw.check_model(job.model)
+        check_job(job, gw.limits, info.max_model_len, info.vocab_size)
+        prompts = await gw.tokenize(job)
+        budgets = [resolve_max_tokens(job, len(ids), info.max_model_len, gw.limits)
+                   for ids in prompts]
+        self._prompt_lens = [len(ids) for ids in prompts]
+        for p, (ids, budget) in enumerate(zip(prompts, budgets, strict=True)):
+            for j in range(job.n):
+                sampling = common_pb2.SamplingParams()
+                sampling.CopyFrom(job.sampling)
+                sampling.max_tokens = budget
+                if job.sampling.HasField("seed"):
+                    sampling.seed = choice_seed(job.sampling.seed, j)
+                self._seqs.append(gw.pipeline.submit(ids, sampling, job.stop, p * job.n + j,
+                                                     self._queue))
+
+    async def chunks(self) -> AsyncIterator[list[ChoiceChunk]]:
+        """Chunks as they come, several choices per item; raises ApiError if a choice fails."""
+        while self._finished < self.num_choices:
+            events = [await self._queue.get()]
+            while not self._queue.empty():
+                events.append(self._queue.get_nowait())
+            for event in events:
+                if event.error is not None:
+                    self.close()
+                    raise event.error
+            yield await self._merge(events)
+
+    async def collect(self) -> list[ChoiceChunk]:
+        """The whole answer: one chunk per choice."""
+        whole = [ChoiceChunk(index=i) for i in range(self.num_choices)]
+        async for chunks in self.chunks():
+            for c in chunks:
+                w = whole[c.index]
+                w.text += c.text
+                w.token_ids += c.token_ids
+                w.logprobs += c.logprobs
+                w.finish_reason, w.matched_stop = c.finish_reason, c.matched_stop
+        return whole
+
+    def usage(self) -> Usage:
+        # Prompt tokens count once per prompt, not once per choice (OpenAI's convention).
+        cached = sum(min(self._cached[p * self.job.n], n)
+                     for p, n in enumerate(self._prompt_lens))
+        return Usage(sum(self._prompt_lens), sum(self._completion), cached)
+
+    def close(self) -> None:
+        """Abort what still runs upstream and record the request's metrics (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.gateway.pipeline.cancel(self._seqs)
+        usage = self.usage()
+        metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
+        metrics.GENERATION_TOKENS.inc(usage.completion_tokens)
+        if self._finished == self.num_choices and self.num_choices:
+            metrics.E2E.observe(time.monotonic() - self.arrival)
+
+    async def _merge(self, events: list[StepEvent]) -> list[ChoiceChunk]:
+        now = time.monotonic()
+        strings: dict[int, str] = {}
+        if self.job.sampling.logprobs:
+            ids = [t for e in events for t in e.token_ids]
+            ids += [t for e in events for top in e.top_logprobs for t in top.token_ids]
+            strings = await self.gateway.token_strings(ids)
+        by_index: dict[int, ChoiceChunk] = {}
+        for e in events:
+            chunk = by_index.setdefault(e.index, ChoiceChunk(index=e.index))
+            chunk.text += e.text
+            chunk.token_ids += e.token_ids
+            if self.job.sampling.logprobs:
+                chunk.logprobs += self._logprobs(e, strings)
+            if e.finish_reason is not None:
+                chunk.finish_reason, chunk.matched_stop = e.finish_reason, e.matched_stop
+                self._finished += 1
+            self._completion[e.index] += len(e.token_ids)
+            self._cached[e.index] = max(self._cached[e.index], e.cached_tokens)
+            if e.token_ids:
+                if self._first_token_at is None:
+                    self._first_token_at = now
+                    metrics.TTFT.observe(now - self.arrival)
+                last = self._last_token_at[e.index]
+                if last is not None:
+                    metrics.ITL.observe(now - last)
+                self._last_token_at[e.index] = now
+        return sorted(by_index.values(), key=lambda c: c.index)
+
+    @staticmethod
+    def _logprobs(event: StepEvent, strings: dict[int, str]) -> list[TokenLogprob]:
+        out = []
+        for k, token in enumerate(event.token_ids):
+            lp = event.logprobs[k] if k < len(event.logprobs) else 0.0
+            top: list[tuple[int, str, float]] = []
+            if k < len(event.top_logprobs):
+                alt = event.top_logprobs[k]
+                pairs = zip(alt.token_ids, alt.logprobs, strict=False)
+                top = [(t, strings.get(t, ""), p) for t, p in pairs]
+            out.append(TokenLogprob(token, strings.get(token, ""), lp, top))
+        return out

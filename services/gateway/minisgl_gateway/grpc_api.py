@@ -1,0 +1,200 @@
+"""The public gRPC API, `minisgl.v1.Generation`, over the same jobs as the HTTP API.
+
+Errors become gRPC status codes (INVALID_ARGUMENT, NOT_FOUND, UNAUTHENTICATED,
+RESOURCE_EXHAUSTED with a retry-after trailer, UNAVAILABLE). A cancelled call or an expired
+deadline cancels the handler; `Generation.close()` in its `finally` aborts upstream at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator
+
+import grpc
+from minisgl_core.proto.minisgl.v1 import (
+    common_pb2,
+    generation_pb2,
+    generation_pb2_grpc,
+    tokenizer_pb2,
+)
+
+from minisgl_gateway import metrics
+from minisgl_gateway.core import Gateway
+from minisgl_gateway.errors import ApiError, invalid
+from minisgl_gateway.generation import ChoiceChunk, Generation, Usage
+from minisgl_gateway.job import Job
+
+log = logging.getLogger(__name__)
+
+_FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
+_ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+def generate_job(request: generation_pb2.GenerateRequest) -> Job:
+    which = request.WhichOneof("prompt")
+    if which is None:
+        raise invalid("the prompt is required: set text or token_ids", param="prompt")
+    item = (tokenizer_pb2.TokenizeItem(text=request.text) if which == "text"
+            else tokenizer_pb2.TokenizeItem(token_ids=request.token_ids))
+    if which == "token_ids" and not request.token_ids.ids:
+        raise invalid("token_ids must not be empty", param="prompt")
+    return Job(kind="completion", model=request.model, prompts=[item],
+               sampling=request.sampling, stop=request.stop, n=request.n or 1,
+               max_tokens_default="server", prompt_param="prompt",
+               request_id=request.request_id)
+
+
+def chat_job(request: generation_pb2.ChatRequest) -> Job:
+    if not request.messages:
+        raise invalid("messages must contain at least one message", param="messages")
+    messages = []
+    for i, m in enumerate(request.messages):
+        if m.role not in _ROLES:
+            raise invalid(f"messages[{i}].role must be one of {sorted(_ROLES)}",
+                          param=f"messages.{i}.role")
+        msg = common_pb2.ChatMessage()
+        msg.CopyFrom(m)
+        if msg.role == "developer":
+            msg.role = "system"
+        messages.append(msg)
+    chat = tokenizer_pb2.ChatInput(messages=messages, tools_json=request.tools_json)
+    return Job(kind="chat", model=request.model, prompts=[tokenizer_pb2.TokenizeItem(chat=chat)],
+               sampling=request.sampling, stop=request.stop, n=request.n or 1,
+               max_tokens_default="server", prompt_param="messages",
+               request_id=request.request_id)
+
+
+def _choice(chunk: ChoiceChunk) -> generation_pb2.Choice:
+    choice = generation_pb2.Choice(index=chunk.index, text=chunk.text, token_ids=chunk.token_ids,
+                                   matched_stop=chunk.matched_stop)
+    if chunk.finish_reason:
+        choice.finish_reason = _FINISH.get(chunk.finish_reason, common_pb2.FINISH_REASON_STOP)
+    for t in chunk.logprobs:
+        choice.logprobs.append(generation_pb2.TokenLogprob(
+            token_id=t.token_id, token=t.token, logprob=t.logprob,
+            top_token_ids=[i for i, _, _ in t.top], top_tokens=[s for _, s, _ in t.top],
+            top_logprobs=[p for _, _, p in t.top]))
+    return choice
+
+
+def _usage(usage: Usage) -> common_pb2.Usage:
+    return common_pb2.Usage(prompt_tokens=usage.prompt_tokens,
+                            completion_tokens=usage.completion_tokens,
+                            cached_tokens=usage.cached_tokens)
+
+
+class GenerationService(generation_pb2_grpc.GenerationServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _auth(self, context: grpc.aio.ServicerContext) -> None:
+        metadata = {k: v for k, v in (context.invocation_metadata() or ())}
+        value = metadata.get("authorization")
+        self.gateway.check_key(value if isinstance(value, str) else None)
+
+    async def _abort(self, context: grpc.aio.ServicerContext, method: str,
+                     err: ApiError) -> None:
+        metrics.GRPC_REQUESTS.labels(method, err.grpc_code.name).inc()
+        trailers = (("retry-after", str(err.retry_after)),) if err.retry_after is not None else ()
+        await context.abort(err.grpc_code, err.message, trailing_metadata=trailers)
+
+    def _response(self, job: Job, request_id: str) -> generation_pb2.GenerateResponse:
+        return generation_pb2.GenerateResponse(request_id=request_id,
+                                               model=self.gateway.info.name)
+
+    async def _unary(self, method: str, request: object, context: grpc.aio.ServicerContext
+                     ) -> generation_pb2.GenerateResponse:
+        gen: Generation | None = None
+        try:
+            self._auth(context)
+            job = chat_job(request) if method == "Chat" else generate_job(request)  # type: ignore
+            with self.gateway.admit():
+                gen = Generation(self.gateway, job)
+                await gen.start()
+                choices = await gen.collect()
+                reply = self._response(job, job.request_id or secrets.token_hex(12))
+                reply.choices.extend(_choice(c) for c in choices)
+                reply.usage.CopyFrom(_usage(gen.usage()))
+        except ApiError as err:
+            await self._abort(context, method, err)
+        except asyncio.CancelledError:
+            metrics.GRPC_REQUESTS.labels(method, "CANCELLED").inc()
+            raise
+        except Exception:
+            log.exception("%s failed", method)
+            await self._abort(context, method, ApiError(500, "internal error in the gateway"))
+        finally:
+            if gen is not None:
+                gen.close()
+        metrics.GRPC_REQUESTS.labels(method, "OK").inc()
+        return reply
+
+    async def _stream(self, method: str, request: object, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        gen: Generation | None = None
+        try:
+            self._auth(context)
+            job = chat_job(request) if method == "ChatStream" else generate_job(request)  # type: ignore
+            request_id = job.request_id or secrets.token_hex(12)
+            with self.gateway.admit():
+                gen = Generation(self.gateway, job)
+                await gen.start()
+                finished = 0
+                async for chunks in gen.chunks():
+                    chunks = [c for c in chunks if c.text or c.token_ids or c.finish_reason]
+                    finished += sum(1 for c in chunks if c.finish_reason)
+                    if not chunks:
+                        continue
+                    reply = self._response(job, request_id)
+                    reply.choices.extend(_choice(c) for c in chunks)
+                    if finished == gen.num_choices:  # usage rides on the last message
+                        reply.usage.CopyFrom(_usage(gen.usage()))
+                    yield reply
+        except ApiError as err:
+            await self._abort(context, method, err)
+        except asyncio.CancelledError:
+            metrics.GRPC_REQUESTS.labels(method, "CANCELLED").inc()
+            raise
+        except Exception:
+            log.exception("%s failed", method)
+            await self._abort(context, method, ApiError(500, "internal error in the gateway"))
+        finally:
+            if gen is not None:
+                gen.close()
+        metrics.GRPC_REQUESTS.labels(method, "OK").inc()
+
+    # -- the service -------------------------------------------------------------------------
+
+    async def Generate(self, request: generation_pb2.GenerateRequest,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> generation_pb2.GenerateResponse:
+        return await self._unary("Generate", request, context)
+
+    async def Chat(self, request: generation_pb2.ChatRequest,  # noqa: N802
+                   context: grpc.aio.ServicerContext) -> generation_pb2.GenerateResponse:
+        return await self._unary("Chat", request, context)
+
+    async def GenerateStream(self, request: generation_pb2.GenerateRequest,  # noqa: N802
+                             context: grpc.aio.ServicerContext
+                             ) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        async for reply in self._stream("GenerateStream", request, context):
+            yield reply
+
+    async def ChatStream(self, request: generation_pb2.ChatRequest,  # noqa: N802
+                         context: grpc.aio.ServicerContext
+                         ) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        async for reply in self._stream("ChatStream", request, context):
+            yield reply
+
+    async def ListModels(self, request: generation_pb2.ListModelsRequest,  # noqa: N802
+                         context: grpc.aio.ServicerContext) -> generation_pb2.ListModelsResponse:
+        try:
+            self._auth(context)
+            info = self.gateway.info
+        except ApiError as err:
+            await self._abort(context, "ListModels", err)
+        metrics.GRPC_REQUESTS.labels("ListModels", "OK").inc()
+        return generation_pb2.ListModelsResponse(models=[generation_pb2.ModelCard(
+            id=info.name, max_model_len=info.max_model_len, vocab_size=info.vocab_size)])

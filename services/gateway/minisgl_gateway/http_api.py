@@ -1,0 +1,241 @@
+"""The OpenAI-compatible HTTP API (FastAPI): routes, auth, body limit, errors, SSE streaming.
+
+A generation is answered by `GenerationResponse`, a small ASGI response that watches for the
+client hanging up for the whole life of the request (queued, prefilling or streaming) and aborts
+upstream at once when it does. Errors found before the first byte go out as an OpenAI error body
+with the right status; later ones as a final SSE `data: {"error": ...}` event."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Message, Receive, Scope, Send
+
+from minisgl_gateway import metrics
+from minisgl_gateway.core import Gateway
+from minisgl_gateway.errors import ApiError, invalid
+from minisgl_gateway.generation import Generation
+from minisgl_gateway.job import Job
+from minisgl_gateway.openai_format import DONE, Formatter, error_event, model_card
+from minisgl_gateway.openai_schema import build_job, parse_json
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready",
+             "/metrics"}
+_DRAIN_CAP = 64 * 1024 * 1024  # past the limit, read (and drop) this much so the client sees 413
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and not length.strip().isdigit():
+        raise invalid("invalid Content-Length header")
+    too_big = ApiError(413, f"the request body exceeds {limit} bytes", code="request_too_large")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            if size > _DRAIN_CAP:
+                raise too_big
+            continue  # keep reading so the client is not cut off mid-upload
+        parts.append(part)
+    if size > limit:
+        raise too_big
+    return b"".join(parts)
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by endpoint and final status."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        endpoint = path if path in ENDPOINTS else "other"
+        status = 499  # no response at all: the client hung up first
+
+        async def _send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, _send)
+        finally:
+            metrics.HTTP_REQUESTS.labels(endpoint, str(status)).inc()
+
+
+class GenerationResponse(Response):
+    def __init__(self, gateway: Gateway, job: Job, stream: bool, include_usage: bool) -> None:
+        super().__init__()
+        self.gateway = gateway
+        self.job = job
+        self.stream = stream
+        self.include_usage = include_usage
+        self._started = False  # response headers went out
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        work = asyncio.create_task(self._run(send))
+        hangup = asyncio.create_task(_wait_disconnect(receive))
+        done, _ = await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done:  # the client went away: stop generating for it now
+            log.debug("client disconnected; aborting")
+            work.cancel()
+        hangup.cancel()
+        for task in (work, hangup):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _send_json(self, send: Send, status: int, body: Any,
+                         headers: dict[str, str] | None = None) -> None:
+        raw = json.dumps(body, ensure_ascii=False).encode()
+        head = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+        head += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        self._started = True
+        await send({"type": "http.response.start", "status": status, "headers": head})
+        await send({"type": "http.response.body", "body": raw})
+
+    async def _run(self, send: Send) -> None:
+        gen: Generation | None = None
+        try:
+            with self.gateway.admit():
+                gen = Generation(self.gateway, self.job)
+                await gen.start()
+                if self.stream:
+                    await self._stream(gen, send)
+                else:
+                    await self._whole(gen, send)
+        except ApiError as err:
+            await self._fail(send, err)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("generation failed")
+            await self._fail(send, ApiError(500, "internal error in the gateway",
+                                            code="internal_error"))
+        finally:
+            if gen is not None:
+                gen.close()
+
+    async def _fail(self, send: Send, err: ApiError) -> None:
+        if not self._started:
+            await self._send_json(send, err.status, err.body(), err.headers())
+            return
+        await send({"type": "http.response.body", "body": error_event(err) + DONE,
+                    "more_body": False})
+
+    async def _whole(self, gen: Generation, send: Send) -> None:
+        fmt = Formatter(self.job.kind, self.gateway.info.name)
+        choices = await gen.collect()
+        body = fmt.response(choices, gen.usage(), self.job.sampling.logprobs)
+        await self._send_json(send, 200, body)
+
+    async def _stream(self, gen: Generation, send: Send) -> None:
+        fmt = Formatter(self.job.kind, self.gateway.info.name)
+        logprobs = self.job.sampling.logprobs
+        chunks = gen.chunks()
+        first = await anext(chunks)  # an early failure still gets a proper status
+        self._started = True
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
+        head = [fmt.role_chunk(gen.num_choices, self.include_usage)] if self.job.kind == "chat" \
+            else []
+        body = b"".join(head + fmt.stream_chunks(first, logprobs, self.include_usage))
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        async for item in chunks:
+            parts = fmt.stream_chunks(item, logprobs, self.include_usage)
+            if parts:
+                await send({"type": "http.response.body", "body": b"".join(parts),
+                            "more_body": True})
+        tail = fmt.usage_chunk(gen.usage()) if self.include_usage else b""
+        await send({"type": "http.response.body", "body": tail + DONE, "more_body": False})
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(gateway: Gateway) -> FastAPI:
+    app = FastAPI(title="minisgl gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(MetricsMiddleware)
+    started = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(ApiError(exc.status_code, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error: %r", exc, exc_info=exc)
+        return error_response(ApiError(500, "internal error in the gateway",
+                                       code="internal_error"))
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        status = await gateway.upstream_health()
+        ok = all(status.values()) and not gateway.draining
+        body = {"status": "ready" if ok else "not ready", "draining": gateway.draining,
+                "upstreams": status}
+        retry = {"Retry-After": str(gateway.limits.retry_after_s)}
+        return JSONResponse(body, status_code=200 if ok else 503, headers={} if ok else retry)
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        gateway.check_key(request.headers.get("authorization"))
+        info = gateway.info
+        return {"object": "list", "data": [model_card(info.name, info.max_model_len, started)]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str, request: Request) -> dict[str, Any]:
+        gateway.check_key(request.headers.get("authorization"))
+        gateway.check_model(model)
+        return model_card(gateway.info.name, gateway.info.max_model_len, started)
+
+    async def generate(request: Request, endpoint: str) -> GenerationResponse:
+        gateway.check_key(request.headers.get("authorization"))
+        payload = parse_json(await read_body(request, gateway.limits.max_body_bytes))
+        job, stream, include_usage, _user = build_job(endpoint, payload)  # type: ignore[arg-type]
+        return GenerationResponse(gateway, job, stream, include_usage)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> GenerationResponse:
+        return await generate(request, "chat")
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> GenerationResponse:
+        return await generate(request, "completion")
+
+    return app

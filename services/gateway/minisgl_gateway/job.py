@@ -1,0 +1,164 @@
+"""A generation job: what both public protocols (OpenAI HTTP, minisgl.v1 gRPC) reduce a request to,
+and the checks every job passes before it goes upstream. One copy of the rules for both."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
+from minisgl_core.sampling import InvalidParams, SamplingParams
+
+from minisgl_gateway.config import Limits
+from minisgl_gateway.errors import ApiError, invalid
+
+INT32_MAX = 2**31 - 1
+SEED_LIMIT = 2**63
+
+# How max_tokens is chosen when the client leaves it out.
+#   "context": the rest of the context window (OpenAI chat); "server": the scheduler's default
+#   (the proto's max_tokens = 0); an int: that many (OpenAI completions: 16).
+MaxTokensDefault = Literal["context", "server"] | int
+
+
+@dataclass
+class Job:
+    kind: Literal["chat", "completion"]
+    model: str  # as the client named it; "" selects the served model
+    prompts: list[tokenizer_pb2.TokenizeItem]
+    sampling: common_pb2.SamplingParams
+    stop: common_pb2.StopConditions = field(default_factory=common_pb2.StopConditions)
+    n: int = 1
+    max_tokens_default: MaxTokensDefault = "server"
+    prompt_param: str = "prompt"  # the field a prompt error points at
+    request_id: str = ""
+
+    @property
+    def num_choices(self) -> int:
+        return self.n * len(self.prompts)
+
+
+def _core(sp: common_pb2.SamplingParams) -> SamplingParams:
+    """The shared dataclass, for its range checks (unset optionals take their defaults)."""
+    return SamplingParams(
+        temperature=sp.temperature if sp.HasField("temperature") else 1.0,
+        top_k=sp.top_k,
+        top_p=sp.top_p if sp.HasField("top_p") else 1.0,
+        min_p=sp.min_p,
+        seed=sp.seed if sp.HasField("seed") else None,
+        repetition_penalty=sp.repetition_penalty if sp.HasField("repetition_penalty") else 1.0,
+        presence_penalty=sp.presence_penalty,
+        frequency_penalty=sp.frequency_penalty,
+        max_tokens=sp.max_tokens or INT32_MAX,  # 0: decided later, after tokenizing
+        min_tokens=sp.min_tokens,
+        ignore_eos=sp.ignore_eos,
+        stop_token_ids=list(sp.stop_token_ids),
+        logprobs=sp.logprobs,
+        top_logprobs=sp.top_logprobs,
+    )
+
+
+# SamplingParams.validate messages start with the field name; the error's `param` is that name.
+def _param_of(message: str) -> str:
+    return message.split(" ", 1)[0]
+
+
+def check_job(job: Job, limits: Limits, max_model_len: int, vocab_size: int) -> None:
+    """Every rule that does not need the prompt's tokens. Raises ApiError (400)."""
+    sp = job.sampling
+    if not job.prompts:
+        raise invalid(f"{job.prompt_param} must not be empty", param=job.prompt_param)
+    if len(job.prompts) > limits.max_prompts:
+        raise invalid(f"at most {limits.max_prompts} prompts per request", param="prompt")
+    for item in job.prompts:
+        if item.WhichOneof("input") is None:
+            raise invalid(f"{job.prompt_param} is required", param=job.prompt_param)
+        if item.HasField("token_ids"):
+            if not item.token_ids.ids:
+                raise invalid("a token-id prompt must not be empty", param=job.prompt_param)
+            if any(not 0 <= t < vocab_size for t in item.token_ids.ids):
+                raise invalid(f"token ids in the prompt must be in [0, {vocab_size})",
+                              param=job.prompt_param)
+    if not 1 <= job.n <= limits.max_n:
+        raise invalid(f"n must be in [1, {limits.max_n}]", param="n")
+    if job.num_choices > limits.max_prompts:
+        raise invalid(f"n x prompts must be at most {limits.max_prompts}", param="n")
+    if sp.max_tokens < 0:
+        raise invalid("max_tokens must be >= 1", param="max_tokens")
+    cap = min(limits.max_completion_tokens or max_model_len, max_model_len)
+    if sp.max_tokens > cap:
+        raise invalid(f"max_tokens is {sp.max_tokens} but at most {cap} tokens can be generated "
+                      f"(the model's context window is {max_model_len})", param="max_tokens",
+                      code="context_length_exceeded")
+    if sp.min_tokens < 0:
+        raise invalid("min_tokens must be >= 0", param="min_tokens")
+    if sp.max_tokens and sp.min_tokens > sp.max_tokens:
+        raise invalid("min_tokens must not exceed max_tokens", param="min_tokens")
+    if sp.top_logprobs and not sp.logprobs:
+        raise invalid("top_logprobs requires logprobs", param="top_logprobs")
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty"):
+        value = getattr(sp, name)
+        if not math.isfinite(value):
+            raise invalid(f"{name} must be a finite number", param=name)
+    try:
+        _core(sp).validate(max_top_logprobs=limits.max_top_logprobs)
+    except InvalidParams as exc:
+        raise invalid(str(exc), param=_param_of(str(exc))) from None
+    bad = [t for t in sp.stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise invalid(f"stop_token_ids must be in [0, {vocab_size})", param="stop_token_ids")
+    if len(sp.stop_token_ids) > limits.max_stop * 4:
+        raise invalid(f"at most {limits.max_stop * 4} stop_token_ids", param="stop_token_ids")
+    if len(job.stop.stop) > limits.max_stop:
+        raise invalid(f"at most {limits.max_stop} stop strings", param="stop")
+    for s in job.stop.stop:
+        if not s:
+            raise invalid("stop strings must not be empty", param="stop")
+        if len(s) > limits.max_stop_len:
+            raise invalid(f"stop strings must be at most {limits.max_stop_len} characters",
+                          param="stop")
+
+
+def resolve_max_tokens(job: Job, prompt_len: int, max_model_len: int, limits: Limits) -> int:
+    """max_tokens for one prompt of `prompt_len` tokens (0: the scheduler's default)."""
+    room = max_model_len - prompt_len
+    requested = job.sampling.max_tokens
+    if requested:
+        if requested > room:
+            raise invalid(
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
+                f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
+                f"{requested} for the completion). Reduce the prompt or max_tokens.",
+                param="max_tokens", code="context_length_exceeded")
+        return requested
+    default = job.max_tokens_default
+    if default == "server":
+        return 0
+    cap = min(limits.max_completion_tokens or max_model_len, room)
+    value = cap if default == "context" else min(int(default), cap)
+    if value < 1:
+        raise invalid(f"the prompt ({prompt_len} tokens) leaves no room to generate in the "
+                      f"context window of {max_model_len} tokens", param=job.prompt_param,
+                      code="context_length_exceeded")
+    if job.sampling.min_tokens > value:
+        raise invalid(f"min_tokens ({job.sampling.min_tokens}) exceeds the {value} tokens this "
+                      "request can generate", param="min_tokens")
+    return value
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """Choice i of a seeded request samples with seed + i: reproducible, and choices differ."""
+    return (seed + choice) % SEED_LIMIT
+
+
+def require_int(value: int, name: str, lo: int = 0, hi: int = INT32_MAX) -> int:
+    if not lo <= value <= hi:
+        raise invalid(f"{name} must be in [{lo}, {hi}]", param=name)
+    return value
+
+
+def model_error(name: str) -> ApiError:
+    return ApiError(404, f"The model `{name}` does not exist", param="model",
+                    code="model_not_found")

@@ -1,0 +1,139 @@
+"""OpenAI response bodies and SSE chunks built from choice chunks (chat and completions)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from minisgl_gateway.errors import ApiError
+from minisgl_gateway.generation import ChoiceChunk, TokenLogprob, Usage
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
+
+
+def sse(payload: Any) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False,
+                                                               separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+DONE = sse("[DONE]")
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+def error_event(error: ApiError) -> bytes:
+    return sse(error.body())
+
+
+class Formatter:
+    """One per response: fixed id, creation time and model name."""
+
+    def __init__(self, kind: str, model: str) -> None:
+        self.kind = kind
+        self.model = model
+        self.id = new_id(kind)
+        self.created = int(time.time())
+        self._offsets: dict[int, int] = {}  # completions text_offset per choice (streaming)
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    # -- logprobs ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
+        def entry(text: str, lp: float) -> dict[str, Any]:
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        return {"content": [
+            {**entry(t.token, t.logprob), "top_logprobs": [entry(s, p) for _, s, p in t.top]}
+            for t in items]}
+
+    def _completion_logprobs(self, index: int, items: list[TokenLogprob]) -> dict[str, Any]:
+        offsets = []
+        offset = self._offsets.get(index, 0)
+        for t in items:
+            offsets.append(offset)
+            offset += len(t.token)
+        self._offsets[index] = offset
+        return {
+            "tokens": [t.token for t in items],
+            "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [{s: p for _, s, p in t.top} for t in items],
+            "text_offset": offsets,
+        }
+
+    def _logprobs(self, chunk: ChoiceChunk, wanted: bool) -> dict[str, Any] | None:
+        if not wanted:
+            return None
+        if self.kind == "chat":
+            return self._chat_logprobs(chunk.logprobs)
+        return self._completion_logprobs(chunk.index, chunk.logprobs)
+
+    # -- whole answers -----------------------------------------------------------------------
+
+    def response(self, choices: list[ChoiceChunk], usage: Usage, logprobs: bool) -> dict[str, Any]:
+        out = []
+        for c in choices:
+            item: dict[str, Any] = {"index": c.index}
+            if self.kind == "chat":
+                item["message"] = {"role": "assistant", "content": c.text}
+            else:
+                item["text"] = c.text
+            item["logprobs"] = self._logprobs(c, logprobs)
+            item["finish_reason"] = c.finish_reason
+            item["stop_reason"] = c.matched_stop or None
+            out.append(item)
+        obj = "chat.completion" if self.kind == "chat" else "text_completion"
+        return {**self._head(obj), "choices": out, "usage": usage_body(usage)}
+
+    # -- streams -----------------------------------------------------------------------------
+
+    def _chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> bytes:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        body = {**self._head(obj), "choices": choices}
+        if include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    def role_chunk(self, num_choices: int, include_usage: bool) -> bytes:
+        """Chat streams open with the assistant role for every choice."""
+        choices = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                    "finish_reason": None} for i in range(num_choices)]
+        return self._chunk(choices, include_usage)
+
+    def stream_chunks(self, chunks: list[ChoiceChunk], logprobs: bool,
+                      include_usage: bool) -> list[bytes]:
+        out = []
+        for c in chunks:
+            if not c.text and not c.finish_reason and not c.logprobs:
+                continue  # nothing visible yet (e.g. half a UTF-8 character)
+            item: dict[str, Any] = {"index": c.index}
+            if self.kind == "chat":
+                item["delta"] = {"content": c.text} if c.text else {}
+            else:
+                item["text"] = c.text
+            item["logprobs"] = self._logprobs(c, logprobs)
+            item["finish_reason"] = c.finish_reason
+            if c.finish_reason:
+                item["stop_reason"] = c.matched_stop or None
+            out.append(self._chunk([item], include_usage))
+        return out
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return sse({**self._head(obj), "choices": [], "usage": usage_body(usage)})
+
+
+def model_card(name: str, max_model_len: int, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "minisgl",
+            "max_model_len": max_model_len}

@@ -1,0 +1,307 @@
+"""OpenAI request bodies: strict pydantic models (unknown keys allowed and ignored, known keys
+type-checked without coercion), and their conversion into a `Job`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from minisgl_gateway.errors import ApiError, invalid
+from minisgl_gateway.job import INT32_MAX, Job, require_int
+
+_STRICT = ConfigDict(extra="allow", strict=True)
+_ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = _STRICT
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = _STRICT
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class _Common(BaseModel):
+    """Fields both endpoints share (OpenAI's, plus vLLM/SGLang's sampling extensions)."""
+
+    model_config = _STRICT
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+
+
+class ChatBody(_Common):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionBody(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-plain"}
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and (p in _TYPE_TAGS or "[" in p))]
+    return ".".join(parts)
+
+
+def parse_body(model: type[BaseModel], payload: Any) -> Any:
+    if not isinstance(payload, dict):
+        raise invalid("the request body must be a JSON object")
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = _param(first["loc"])
+        if first["type"] == "missing":
+            raise invalid(f"'{param}' is a required property", param=param) from None
+        raise invalid(f"'{param}': {first['msg']}", param=param) from None
+
+
+def _sampling(body: _Common, logprobs: bool, top_logprobs: int,
+              max_tokens: int | None) -> common_pb2.SamplingParams:
+    sp = common_pb2.SamplingParams()
+    for name in ("temperature", "top_p", "repetition_penalty"):
+        value = getattr(body, name)
+        if value is not None:
+            setattr(sp, name, value)
+    for name in ("min_p", "presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if value is not None:
+            setattr(sp, name, value)
+    if body.top_k is not None:
+        # vLLM's convention: -1 disables top-k, like 0 here.
+        sp.top_k = 0 if body.top_k == -1 else require_int(body.top_k, "top_k")
+    if max_tokens is not None:
+        sp.max_tokens = require_int(max_tokens, "max_tokens", 1)
+    if body.min_tokens is not None:
+        sp.min_tokens = require_int(body.min_tokens, "min_tokens")
+    if body.seed is not None:
+        sp.seed = require_int(body.seed, "seed", 0, 2**63 - 1)
+    sp.ignore_eos = bool(body.ignore_eos)
+    for t in body.stop_token_ids or []:
+        sp.stop_token_ids.append(require_int(t, "stop_token_ids"))
+    sp.logprobs = logprobs
+    sp.top_logprobs = top_logprobs
+    return sp
+
+
+def _stop(body: _Common) -> common_pb2.StopConditions:
+    stop = common_pb2.StopConditions()
+    if isinstance(body.stop, str):
+        stop.stop.append(body.stop)
+    elif body.stop:
+        stop.stop.extend(body.stop)
+    stop.include_stop_str_in_output = bool(body.include_stop_str_in_output)
+    if body.skip_special_tokens is not None:
+        stop.skip_special_tokens = body.skip_special_tokens
+    if body.spaces_between_special_tokens is not None:
+        stop.spaces_between_special_tokens = body.spaces_between_special_tokens
+    return stop
+
+
+def _common_checks(body: _Common) -> None:
+    if body.logit_bias:
+        raise invalid("logit_bias is not supported", param="logit_bias")
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options is only allowed when stream is true",
+                      param="stream_options")
+    if body.n is not None:
+        require_int(body.n, "n", 1, INT32_MAX)
+
+
+def _message(index: int, msg: Message) -> common_pb2.ChatMessage:
+    if msg.role not in _ROLES:
+        raise invalid(f"messages.{index}.role must be one of {sorted(_ROLES)}",
+                      param=f"messages.{index}.role")
+    if isinstance(msg.content, list):
+        texts = []
+        for j, part in enumerate(msg.content):
+            if part.type != "text" or part.text is None:
+                raise invalid(f"messages.{index}.content.{j}: only text parts are supported "
+                              f"(got type {part.type!r})", param=f"messages.{index}.content")
+            texts.append(part.text)
+        content = "\n".join(texts)
+    elif msg.content is None:
+        if msg.role != "assistant" or not msg.tool_calls:
+            raise invalid(f"messages.{index}.content is required",
+                          param=f"messages.{index}.content")
+        content = ""
+    else:
+        content = msg.content
+    # "developer" is OpenAI's newer name for the system role; chat templates know "system".
+    role = "system" if msg.role == "developer" else msg.role
+    out = common_pb2.ChatMessage(role=role, content=content, name=msg.name or "",
+                                 tool_call_id=msg.tool_call_id or "")
+    if msg.tool_calls:
+        out.tool_calls_json = json.dumps(msg.tool_calls)
+    return out
+
+
+def chat_job(body: ChatBody) -> Job:
+    _common_checks(body)
+    if not body.messages:
+        raise invalid("messages must contain at least one message", param="messages")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise invalid("top_logprobs requires logprobs to be true", param="top_logprobs")
+    fmt = (body.response_format or {}).get("type", "text")
+    if fmt != "text":
+        raise invalid(f"response_format {fmt!r} is not supported (only 'text')",
+                      param="response_format")
+    if body.tool_choice not in (None, "none", "auto"):
+        raise invalid("tool_choice must be 'none' or 'auto'", param="tool_choice")
+    chat = tokenizer_pb2.ChatInput(messages=[_message(i, m) for i, m in enumerate(body.messages)])
+    if body.tools and body.tool_choice != "none":
+        chat.tools_json = json.dumps(body.tools)
+    top = require_int(body.top_logprobs or 0, "top_logprobs")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None \
+        else body.max_tokens
+    return Job(
+        kind="chat", model=body.model or "", prompts=[tokenizer_pb2.TokenizeItem(chat=chat)],
+        sampling=_sampling(body, bool(body.logprobs), top, max_tokens), stop=_stop(body),
+        n=body.n if body.n is not None else 1, max_tokens_default="context",
+        prompt_param="messages",
+    )
+
+
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]]
+             ) -> list[tokenizer_pb2.TokenizeItem]:
+    if isinstance(prompt, str):
+        return [tokenizer_pb2.TokenizeItem(text=prompt)]
+    if not prompt:
+        return []
+    if isinstance(prompt[0], str):
+        return [tokenizer_pb2.TokenizeItem(text=p) for p in prompt]  # type: ignore[arg-type]
+    rows: list[list[int]] = [prompt] if isinstance(prompt[0], int) else prompt  # type: ignore
+    items = []
+    for row in rows:
+        if not row:
+            raise invalid("a token-id prompt must not be empty", param="prompt")
+        if any(not 0 <= t <= INT32_MAX for t in row):
+            raise invalid("token ids in prompt must be non-negative 32-bit integers",
+                          param="prompt")
+        items.append(tokenizer_pb2.TokenizeItem(token_ids=common_pb2.TokenIds(ids=row)))
+    return items
+
+
+def completion_job(body: CompletionBody) -> Job:
+    _common_checks(body)
+    if body.echo:
+        raise invalid("echo=true is not supported", param="echo")
+    if body.suffix:
+        raise invalid("suffix is not supported", param="suffix")
+    n = body.n if body.n is not None else 1
+    if body.best_of is not None and body.best_of != n:
+        raise invalid("best_of must equal n (or be left out)", param="best_of")
+    top = 0
+    if body.logprobs is not None:
+        top = require_int(body.logprobs, "logprobs")
+    return Job(
+        kind="completion", model=body.model or "", prompts=_prompts(body.prompt),
+        sampling=_sampling(body, body.logprobs is not None, top, body.max_tokens),
+        stop=_stop(body), n=n, max_tokens_default=16, prompt_param="prompt",
+    )
+
+
+def stream_flags(body: _Common) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
+    stream = bool(body.stream)
+    include = bool(stream and body.stream_options and body.stream_options.include_usage)
+    return stream, include
+
+
+def parse_json(raw: bytes) -> Any:
+    """Bytes -> JSON value; strict UTF-8, no NaN/Infinity, no lone surrogates, bounded depth."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid(f"the request body is not valid UTF-8 (byte {exc.start})") from None
+
+    def _reject(constant: str) -> None:
+        raise ValueError(f"{constant} is not valid JSON")
+
+    try:
+        value = json.loads(text, parse_constant=_reject)
+    except RecursionError:
+        raise invalid("the request body nests too deeply") from None
+    except ValueError as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}") from None
+    _check_strings(value, 0)
+    return value
+
+
+def _check_strings(value: Any, depth: int) -> None:
+    # JSON escapes can produce lone surrogates ("\ud800"), which are not UTF-8-encodable text.
+    if depth > 64:
+        raise invalid("the request body nests too deeply")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise invalid("the request body contains an invalid unicode escape") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_strings(k, depth + 1)
+            _check_strings(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_strings(v, depth + 1)
+
+
+Endpoint = Literal["chat", "completion"]
+
+
+def build_job(endpoint: Endpoint, payload: Any) -> tuple[Job, bool, bool, str | None]:
+    """(job, stream, include_usage, user) for a parsed JSON body; raises ApiError."""
+    body = parse_body(ChatBody if endpoint == "chat" else CompletionBody, payload)
+    job = chat_job(body) if endpoint == "chat" else completion_job(body)
+    stream, include_usage = stream_flags(body)
+    return job, stream, include_usage, body.user
+
+
+__all__ = ["ApiError", "build_job", "parse_json"]

@@ -1,0 +1,395 @@
+"""The gateway's two long-lived upstream streams, shared by every request of the process.
+
+    submits/aborts ──(coalesced)──▶ Scheduler.Connect ──ConnectResponse per step──▶ here
+    here ──one DetokenizeRequest per ConnectResponse──▶ Detokenizer.Detokenize ──TextDeltas──▶ here
+    here ──StepEvent──▶ the asyncio queue of the request the rid belongs to
+
+A `Sequence` is one rid (one choice of one request). Requests put their sequences in, read
+`StepEvent`s from their queue and `cancel` what they no longer want. When either stream breaks,
+every affected sequence gets an error event at once (nothing waits forever) and the stream is
+reopened in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+from minisgl_core.proto.minisgl.v1 import (
+    common_pb2,
+    detokenizer_pb2,
+    detokenizer_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+
+from minisgl_gateway import metrics
+from minisgl_gateway.errors import ApiError, from_upstream, unavailable
+
+log = logging.getLogger(__name__)
+
+FINISH = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_ABORT: "abort",
+    common_pb2.FINISH_REASON_ERROR: "error",
+}
+# A sequence the gateway gave up on (stop string, client gone) waits for the scheduler's final
+# update to flush its detokenizer state; past this it is forgotten anyway.
+ORPHAN_TIMEOUT_S = 60.0
+
+
+@dataclass(slots=True)
+class StepEvent:
+    """New output of one sequence for one scheduler step, after detokenization."""
+
+    index: int  # the choice this sequence is
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "error"
+    matched_stop: str = ""
+    error: ApiError | None = None
+    cached_tokens: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    rid: int
+    index: int
+    sink: asyncio.Queue[StepEvent]
+    stop: common_pb2.StopConditions
+    detok_started: bool = False  # the detokenizer holds state for this rid
+    done: bool = False  # the client side ended (finished, failed, stopped or cancelled)
+    done_at: float = 0.0
+    num_tokens: int = 0  # tokens delivered (up to a stop string)
+
+    def end(self, event: StepEvent | None) -> None:
+        if self.done:
+            return
+        self.done, self.done_at = True, time.monotonic()
+        if event is not None:
+            self.sink.put_nowait(event)
+
+
+Batch = list[tuple[Sequence, scheduler_pb2.TokenUpdate | None]]
+
+
+class Pipeline:
+    def __init__(self, scheduler: grpc.aio.Channel, detokenizer: grpc.aio.Channel,
+                 retry_after: int = 1) -> None:
+        self._sched = scheduler_pb2_grpc.SchedulerStub(scheduler)
+        self._detok = detokenizer_pb2_grpc.DetokenizerStub(detokenizer)
+        self._retry_after = retry_after
+        self._live: dict[int, Sequence] = {}  # rid -> sequence, until the scheduler's last update
+        self._submits: list[scheduler_pb2.SubmitItem] = []
+        self._aborts: set[int] = set()
+        self._wake = asyncio.Event()
+        self._sched_up = False
+        self._detok_call: grpc.aio.StreamStreamCall | None = None
+        self._detok_inflight: deque[Batch] = deque()
+        self._detok_lock = asyncio.Lock()  # one write at a time, in the order of _detok_inflight
+        self._tasks: list[asyncio.Task[None]] = []
+        self._flushes: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self.steps = 0  # ConnectResponses seen (tests, debugging)
+
+    # -- public ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._connect_loop(), name="connect"),
+                       asyncio.create_task(self._detok_loop(), name="detokenize"),
+                       asyncio.create_task(self._sweep_loop(), name="sweep")]
+
+    @property
+    def ready(self) -> bool:
+        return self._sched_up and self._detok_call is not None
+
+    @property
+    def live(self) -> int:
+        return len(self._live)
+
+    async def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.ready and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.ready
+
+    def submit(self, input_ids: list[int], sampling: common_pb2.SamplingParams,
+               stop: common_pb2.StopConditions, index: int,
+               sink: asyncio.Queue[StepEvent]) -> Sequence:
+        """Queue one sequence; it goes out with the next coalesced ConnectRequest."""
+        if not self.ready:
+            raise unavailable("the scheduler or detokenizer connection is down; retry shortly",
+                              self._retry_after)
+        rid = self._new_rid()
+        seq = Sequence(rid=rid, index=index, sink=sink, stop=stop)
+        self._live[rid] = seq
+        self._submits.append(scheduler_pb2.SubmitItem(rid=rid, input_ids=input_ids,
+                                                      sampling=sampling))
+        self._wake.set()
+        return seq
+
+    def cancel(self, seqs: list[Sequence]) -> None:
+        """The client no longer wants these: abort upstream with the next ConnectRequest."""
+        for seq in seqs:
+            if not seq.done:
+                seq.end(None)
+                self._abort(seq.rid)
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._fail_all(unavailable("the gateway is shutting down", self._retry_after))
+
+    # -- scheduler stream --------------------------------------------------------------------
+
+    def _new_rid(self) -> int:
+        while True:
+            rid = secrets.randbits(63)
+            if rid and rid not in self._live:
+                return rid
+
+    def _abort(self, rid: int) -> None:
+        if rid in self._live:
+            self._aborts.add(rid)
+            self._wake.set()
+
+    async def _connect_loop(self) -> None:
+        backoff = 0.05
+        while not self._closing:
+            call = self._sched.Connect()
+            writer = asyncio.create_task(self._write_connect(call))
+            reason = "the scheduler closed the stream"
+            try:
+                await call.wait_for_connection()
+                self._sched_up, backoff = True, 0.05
+                log.info("scheduler stream open")
+                async for response in call:
+                    await self._on_step(response)
+            except grpc.aio.AioRpcError as exc:
+                reason = f"{exc.code().name}: {exc.details()}"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug here must not leave requests hanging
+                log.exception("scheduler stream handler failed")
+                reason = repr(exc)
+            finally:
+                was_up, self._sched_up = self._sched_up, False
+                writer.cancel()
+                call.cancel()
+            if was_up:
+                log.warning("scheduler stream lost: %s", reason)
+                metrics.UPSTREAM_STREAM_LOSSES.labels("scheduler").inc()
+            self._submits.clear()
+            self._aborts.clear()
+            self._fail_all(unavailable(f"lost the connection to the scheduler ({reason})",
+                                       self._retry_after))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    async def _write_connect(self, call: grpc.aio.StreamStreamCall) -> None:
+        """Everything queued since the last send goes out as one ConnectRequest."""
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if not self._submits and not self._aborts:
+                    continue
+                aborts = [rid for rid in self._aborts if rid in self._live]
+                request = scheduler_pb2.ConnectRequest(submits=self._submits, aborts=aborts)
+                self._submits, self._aborts = [], set()
+                await call.write(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the reader sees the broken stream and fails the requests
+            log.warning("scheduler stream write failed: %r", exc)
+            call.cancel()
+
+    async def _on_step(self, response: scheduler_pb2.ConnectResponse) -> None:
+        self.steps += 1
+        batch: Batch = []
+        updates: list[detokenizer_pb2.DetokenizeUpdate] = []
+        for update in response.updates:
+            seq = self._live.get(update.rid)
+            if seq is None:
+                continue
+            finished = update.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+            if finished:
+                del self._live[update.rid]
+            if seq.done:  # dropped by the gateway: only flush the detokenizer at the very end
+                if finished and seq.detok_started:
+                    updates.append(detokenizer_pb2.DetokenizeUpdate(rid=seq.rid, finished=True))
+                    batch.append((seq, None))
+                continue
+            if not seq.detok_started and not update.token_ids:
+                # Refused or ended before any token: nothing to detokenize.
+                if finished:
+                    seq.end(self._final_event(seq, update, ""))
+                continue
+            du = detokenizer_pb2.DetokenizeUpdate(rid=seq.rid, token_ids=update.token_ids,
+                                                  finished=finished)
+            if not seq.detok_started:
+                du.stop.CopyFrom(seq.stop)
+                seq.detok_started = True
+            updates.append(du)
+            batch.append((seq, update))
+        if updates:
+            await self._send_detok(detokenizer_pb2.DetokenizeRequest(updates=updates), batch)
+
+    def _final_event(self, seq: Sequence, update: scheduler_pb2.TokenUpdate,
+                     text: str) -> StepEvent:
+        reason = FINISH.get(update.finish_reason)
+        event = StepEvent(index=seq.index, text=text, finish_reason=reason,
+                          cached_tokens=update.cached_tokens)
+        if update.error.code or reason in ("error", "abort"):
+            message = update.error.message or "the request was aborted upstream"
+            error = update.error if update.error.code else common_pb2.Error(
+                code=common_pb2.ERROR_CODE_UNAVAILABLE, message=message)
+            event.error = from_upstream(error, self._retry_after)
+            event.finish_reason = "error"
+        return event
+
+    def _fail_all(self, error: ApiError) -> None:
+        """The scheduler stream is gone, and with it every request it carried."""
+        flush: Batch = []
+        for seq in self._live.values():
+            seq.end(StepEvent(index=seq.index, finish_reason="error", error=error))
+            if seq.detok_started:
+                flush.append((seq, None))
+        self._live.clear()
+        if flush and self._detok_call is not None and not self._closing:
+            request = detokenizer_pb2.DetokenizeRequest(updates=[
+                detokenizer_pb2.DetokenizeUpdate(rid=s.rid, finished=True) for s, _ in flush])
+            task = asyncio.create_task(self._send_detok(request, flush))
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
+
+    # -- detokenizer stream ------------------------------------------------------------------
+
+    async def _detok_loop(self) -> None:
+        backoff = 0.05
+        while not self._closing:
+            call = self._detok.Detokenize()
+            reason = "the detokenizer closed the stream"
+            try:
+                await call.wait_for_connection()
+                self._detok_call, backoff = call, 0.05
+                log.info("detokenizer stream open")
+                async for response in call:
+                    self._on_deltas(response)
+            except grpc.aio.AioRpcError as exc:
+                reason = f"{exc.code().name}: {exc.details()}"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("detokenizer stream handler failed")
+                reason = repr(exc)
+            finally:
+                was_up, self._detok_call = self._detok_call is call, None
+                call.cancel()
+            if was_up:
+                log.warning("detokenizer stream lost: %s", reason)
+                metrics.UPSTREAM_STREAM_LOSSES.labels("detokenizer").inc()
+            self._on_detok_lost(unavailable(f"lost the connection to the detokenizer ({reason})",
+                                            self._retry_after))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    async def _send_detok(self, request: detokenizer_pb2.DetokenizeRequest, batch: Batch) -> None:
+        call = self._detok_call
+        if call is None:
+            self._fail_batch(batch, unavailable("the detokenizer is unavailable",
+                                                self._retry_after))
+            return
+        async with self._detok_lock:
+            # Appended before the write: the answer may come right away.
+            self._detok_inflight.append(batch)
+            try:
+                await call.write(request)
+            except Exception as exc:  # the reader fails the in-flight batches
+                log.warning("detokenizer stream write failed: %r", exc)
+                call.cancel()
+
+    def _fail_batch(self, batch: Batch, error: ApiError) -> None:
+        for seq, _ in batch:
+            seq.detok_started = False
+            if not seq.done:
+                seq.end(StepEvent(index=seq.index, finish_reason="error", error=error))
+                self._abort(seq.rid)
+
+    def _on_detok_lost(self, error: ApiError) -> None:
+        while self._detok_inflight:
+            self._fail_batch(self._detok_inflight.popleft(), error)
+        # The new stream starts without their incremental state: they cannot continue.
+        self._fail_batch([(s, None) for s in self._live.values() if s.detok_started], error)
+
+    def _on_deltas(self, response: detokenizer_pb2.DetokenizeResponse) -> None:
+        if not self._detok_inflight:
+            log.error("detokenizer answered a request that was not sent")
+            return
+        batch = self._detok_inflight.popleft()
+        deltas = response.deltas
+        if len(deltas) != len(batch) or any(
+                d.rid != s.rid for d, (s, _) in zip(deltas, batch, strict=True)):
+            log.error("detokenizer answer does not match its request (%d vs %d updates)",
+                      len(deltas), len(batch))
+            self._fail_batch(batch, ApiError(502, "the detokenizer answered out of order",
+                                             code="upstream_error"))
+            return
+        for (seq, update), delta in zip(batch, deltas, strict=True):
+            if update is None or update.finish_reason:
+                seq.detok_started = False  # that update told the detokenizer to forget it
+            if update is None or seq.done:
+                continue
+            self._deliver(seq, update, delta)
+
+    def _deliver(self, seq: Sequence, update: scheduler_pb2.TokenUpdate,
+                 delta: detokenizer_pb2.TextDelta) -> None:
+        tokens = list(update.token_ids)
+        logprobs, tops = list(update.logprobs), list(update.top_logprobs)
+        if delta.stopped:
+            keep = max(0, delta.num_tokens - seq.num_tokens)
+            tokens, logprobs, tops = tokens[:keep], logprobs[:keep], tops[:keep]
+            event = StepEvent(index=seq.index, text=delta.text, token_ids=tokens,
+                              logprobs=logprobs, top_logprobs=tops, finish_reason="stop",
+                              matched_stop=delta.matched_stop,
+                              cached_tokens=update.cached_tokens)
+            seq.num_tokens += len(tokens)
+            if not update.finish_reason:
+                self._abort(seq.rid)  # still generating upstream: stop it
+            seq.end(event)
+            return
+        seq.num_tokens += len(tokens)
+        if update.finish_reason:
+            event = self._final_event(seq, update, delta.text)
+            event.token_ids, event.logprobs, event.top_logprobs = tokens, logprobs, tops
+            seq.end(event)
+            return
+        seq.sink.put_nowait(StepEvent(index=seq.index, text=delta.text, token_ids=tokens,
+                                      logprobs=logprobs, top_logprobs=tops,
+                                      cached_tokens=update.cached_tokens))
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(ORPHAN_TIMEOUT_S / 4)
+            now = time.monotonic()
+            stale = [r for r, s in self._live.items()
+                     if s.done and now - s.done_at > ORPHAN_TIMEOUT_S]
+            for rid in stale:
+                log.warning("forgetting rid %d: no final update %.0fs after its abort",
+                            rid, ORPHAN_TIMEOUT_S)
+                del self._live[rid]

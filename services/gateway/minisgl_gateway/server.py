@@ -1,0 +1,152 @@
+"""One process, one event loop: the gRPC server (grpc.aio) and uvicorn (HTTP) side by side.
+
+Start-up: open upstream streams, learn the model, bind both listeners, then report SERVING.
+SIGTERM/SIGINT: /ready and gRPC health turn NOT_SERVING, new requests get 503, in-flight ones
+may finish for up to --drain-timeout seconds, both servers stop, the process exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import uvicorn
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from minisgl_core.proto.minisgl.v1 import generation_pb2, generation_pb2_grpc
+from minisgl_core.serving import GRPC_OPTIONS
+
+from minisgl_gateway.config import GatewayConfig
+from minisgl_gateway.core import Gateway
+from minisgl_gateway.grpc_api import GenerationService
+from minisgl_gateway.http_api import create_app
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+
+
+def _bind_tcp(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {host}:{port} (HTTP): {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the gateway drains both servers itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class GatewayServer:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.gateway = Gateway(config)
+        self.health = health.aio.HealthServicer()
+        self.grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
+        generation_pb2_grpc.add_GenerationServicer_to_server(GenerationService(self.gateway),
+                                                             self.grpc_server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        reflection.enable_server_reflection(
+            [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], self.grpc_server)
+        tls = {}
+        if config.tls_cert:
+            tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
+        self.http = _Uvicorn(uvicorn.Config(
+            create_app(self.gateway), host=config.host, port=config.port, log_config=None,
+            access_log=False, lifespan="off", timeout_graceful_shutdown=max(1, int(
+                config.drain_timeout)), **tls))
+        self.grpc_port = 0
+        self.http_port = 0
+        self._stop = asyncio.Event()
+        self._http_task: asyncio.Task[None] | None = None
+
+    def _bind_grpc(self) -> int:
+        address = f"{self.config.host}:{self.config.grpc_port}"
+        if self.config.tls_cert:
+            creds = grpc.ssl_server_credentials([(Path(self.config.tls_key).read_bytes(),
+                                                  Path(self.config.tls_cert).read_bytes())])
+            port = self.grpc_server.add_secure_port(address, creds)
+        else:
+            port = self.grpc_server.add_insecure_port(address)
+        if port == 0:
+            raise RuntimeError(f"cannot listen on {address} (gRPC)")
+        return port
+
+    async def start(self) -> None:
+        await self.gateway.start()
+        self.grpc_port = self._bind_grpc()
+        await self.grpc_server.start()
+        # Bound here, not by uvicorn: uvicorn answers a busy port with sys.exit(), which would
+        # tear through the event loop instead of reaching the clean shutdown below.
+        sock = _bind_tcp(self.config.host, self.config.port)
+        self.http_port = sock.getsockname()[1]
+        self._http_task = asyncio.create_task(self.http.serve(sockets=[sock]))
+        while not self.http.started:
+            if self._http_task.done():
+                error = self._http_task.exception()
+                self._http_task = None
+                raise RuntimeError(f"HTTP server failed to start: {error!r}")
+            await asyncio.sleep(0.02)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        scheme = "https" if self.config.tls_cert else "http"
+        log.info("gateway ready: %s://%s:%d (OpenAI), gRPC %s:%d", scheme, self.config.host,
+                 self.http_port, self.config.host, self.grpc_port)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def drain(self) -> None:
+        """Stop taking requests, let the admitted ones finish (bounded), stop both servers."""
+        gw = self.gateway
+        gw.draining = True
+        await self.health.enter_graceful_shutdown()
+        deadline = time.monotonic() + self.config.drain_timeout
+        log.info("draining %d in-flight requests (up to %.0fs)", gw.active,
+                 self.config.drain_timeout)
+        while gw.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if gw.active:
+            log.warning("drain timeout: %d requests still running are cut off", gw.active)
+        self.http.should_exit = True
+        await self.grpc_server.stop(grace=max(0.0, deadline - time.monotonic()))
+        if self._http_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._http_task,
+                                       timeout=max(1.0, deadline - time.monotonic()))
+        await gw.close()
+        log.info("gateway stopped")
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        starting = asyncio.create_task(self.start())
+        stopping = asyncio.create_task(self._stop.wait())
+        try:
+            # A signal while still waiting for the upstreams stops at once.
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()  # start-up errors propagate (exit 1)
+                await stopping
+        finally:
+            for task in (starting, stopping):
+                task.cancel()
+            await asyncio.gather(starting, stopping, return_exceptions=True)
+            await self.drain()

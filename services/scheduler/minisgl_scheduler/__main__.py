@@ -1,0 +1,74 @@
+"""`python -m minisgl_scheduler --worker HOST:PORT`: the scheduler service.
+
+Every flag also reads MINISGL_SCHEDULER_<FLAG> from the environment (flags win).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import fields
+
+from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
+from minisgl_core.logging import setup_logging
+from minisgl_core.proto.minisgl.v1 import scheduler_pb2_grpc
+from minisgl_core.serving import ServiceHost
+
+from minisgl_scheduler.config import SchedulerConfig
+from minisgl_scheduler.metrics import SchedulerMetrics
+from minisgl_scheduler.scheduler import Scheduler
+from minisgl_scheduler.server import SchedulerService
+from minisgl_scheduler.worker_client import WorkerClient
+
+log = logging.getLogger("minisgl_scheduler")
+
+_HELP = {
+    "max_running_requests": "requests holding a worker slot at once (also capped by the worker)",
+    "max_queued_requests": "waiting requests; beyond this, submits are refused as OVERLOADED",
+    "max_prefill_tokens": "prefill tokens per step; longer prompts are chunked",
+    "cache": "prefix cache: radix (shared KV pages) or naive (none)",
+    "policy": "admission order: fcfs, or lpm (longest cached prefix first)",
+    "disable_overlap": "collect each step before planning the next (no overlap scheduling)",
+    "decode_reserve_ratio": "share of running requests' remaining max_tokens kept free on admission",
+    "lpm_max_queue": "queue length beyond which lpm falls back to fcfs",
+    "default_max_tokens": "max_tokens for requests that leave it 0",
+}
+_CHOICES = {"cache": ["radix", "naive"], "policy": ["fcfs", "lpm"]}
+
+
+def build_parser() -> ServiceArgs:
+    args = ServiceArgs("scheduler", "minisgl scheduler: continuous batching over a worker")
+    args.add_common(DEFAULT_PORTS["scheduler"], DEFAULT_METRICS_PORTS["scheduler"])
+    args.add("--worker", f"127.0.0.1:{DEFAULT_PORTS['worker']}", "the worker's gRPC address")
+    args.add("--worker-timeout", 120.0, "seconds to wait for the worker at start-up", float)
+    args.add("--step-timeout", 600.0, "seconds a step may take before the worker counts as failed",
+             float)
+    defaults = SchedulerConfig()
+    for f in fields(SchedulerConfig):
+        kind = type(getattr(defaults, f.name))
+        extra = {"choices": _CHOICES[f.name]} if f.name in _CHOICES else {}
+        args.add("--" + f.name.replace("_", "-"), getattr(defaults, f.name), _HELP[f.name], kind,
+                 **extra)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    ns = build_parser().parse(argv)
+    setup_logging("scheduler", ns.log_level)
+    config = SchedulerConfig(**{f.name: getattr(ns, f.name) for f in fields(SchedulerConfig)})
+    config.validate()
+    client = WorkerClient(ns.worker, connect_timeout=ns.worker_timeout,
+                          step_timeout=ns.step_timeout)
+    scheduler = Scheduler(client, config)
+    info = scheduler.info
+    log.info("worker %s: model %s, %d pages x %d tokens, %d slots, context %d", ns.worker,
+             info.model_name, info.num_pages, info.page_size, info.max_slots, info.max_model_len)
+    metrics = SchedulerMetrics.get() if ns.metrics_port else None
+    service = SchedulerService(scheduler, metrics).start()
+    host = ServiceHost("scheduler", ns.host, ns.port, metrics_port=ns.metrics_port or None)
+    host.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, service, "minisgl.v1.Scheduler")
+    host.on_drain(service.drain)
+    host.serve_forever(drain_timeout=ns.drain_timeout)
+
+
+if __name__ == "__main__":
+    main()

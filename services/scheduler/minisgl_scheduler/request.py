@@ -1,0 +1,91 @@
+"""Per-request state owned by the scheduler, and what it reports back per step."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from minisgl_core.sampling import SamplingParams
+from minisgl_core.step import TopLogprobs
+
+from minisgl_scheduler.errors import SchedulerError
+from minisgl_scheduler.radix import Node
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS, a stop token, or a stop string (reported through abort)
+    LENGTH = "length"  # max_tokens or the context window
+    ABORT = "abort"  # the client went away or cancelled
+    ERROR = "error"  # see TokenEvent.error
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    RUNNING = "running"  # holds a slot: prefilling (possibly in chunks) or decoding
+    ENDED = "ended"  # finished; resources go back once no in-flight step uses them
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """What one `Scheduler.step` has for one request: new tokens and/or the end of it."""
+
+    rid: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # aligned with token_ids when asked
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # likewise
+    finish_reason: FinishReason | None = None
+    error: SchedulerError | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Request:
+    rid: int
+    prompt_len: int
+    params: SamplingParams
+    max_tokens: int  # params.max_tokens clipped to the context window
+    stop_ids: frozenset[int]  # EOS (unless ignore_eos) and the request's stop tokens
+    arrival: int  # admission order; lower is higher priority when memory runs short
+    tokens: list[int]  # prompt + every output token received so far
+    phase: Phase = Phase.WAITING
+
+    # Placement on the worker (valid while RUNNING and until released).
+    slot: int = -1
+    pages: list[int] = field(default_factory=list)  # the slot's page-table row
+    sent_pages: int = 0  # leading entries of `pages` the worker's row already has
+    shared_pages: int = 0  # leading entries of `pages` owned by the radix tree (locked via node)
+    node: Node | None = None  # deepest locked radix node
+
+    # Progress. KV positions [0, computed) are written or being written by launched steps.
+    computed: int = 0
+    target: int = 0  # tokens to prefill on this (re)start: prompt + outputs known at admission
+    pending_samples: int = 0  # sampled tokens in launched steps not collected yet
+    inflight: int = 0  # launched (or being planned) steps that reference this request
+    released: bool = False
+    kv_valid: bool = True  # False after a failed step: its pages must not enter the cache
+
+    cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.target
+
+    @property
+    def can_decode(self) -> bool:
+        """A decode entry may be planned: prefill launched and more tokens are wanted."""
+        return (
+            self.phase is Phase.RUNNING
+            and not self.prefilling
+            and self.num_outputs + self.pending_samples < self.max_tokens
+        )

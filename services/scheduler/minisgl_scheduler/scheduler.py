@@ -1,0 +1,424 @@
+"""Continuous batching over a `StepExecutor`: requests in, one planned step at a time, tokens out.
+
+Each `step()` plans a batch (every decoding request plus prefill chunks under the token budget),
+launches it, and collects a step's tokens. With overlap on, step N+1 is launched before step N is
+collected: decode entries carry no input token (the worker feeds back what it sampled), so the plan
+never waits for the previous result. Two consequences are handled here:
+
+* a request that finished in step N may still be in step N+1: that extra token is dropped;
+* a request's pages and slot are released only once no launched step references it.
+
+When the pool cannot grow a running request, the youngest running request is preempted: its written
+KV goes to the prefix cache (evictable) and it is recomputed later from prompt + outputs so far.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import logging
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from minisgl_core.sampling import SamplingParams
+from minisgl_core.step import ReqPlan, StepExecutor, StepOutput, StepPlan
+
+from minisgl_scheduler.admission import check_request
+from minisgl_scheduler.config import SchedulerConfig
+from minisgl_scheduler.errors import (
+    ErrorCode,
+    InvalidRequest,
+    Overloaded,
+    SchedulerError,
+    WorkerFailed,
+)
+from minisgl_scheduler.kv import KVManager, pages_for
+from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent
+from minisgl_scheduler.stats import SchedulerStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Launched:
+    plan: StepPlan
+    reqs: list[Request] = field(default_factory=list)  # aligned with plan.reqs
+    sampled: list[Request] = field(default_factory=list)  # entries with sample=True, in order
+
+
+class Scheduler:
+    def __init__(self, executor: StepExecutor, config: SchedulerConfig | None = None) -> None:
+        self.config = config = config or SchedulerConfig()
+        config.validate()
+        self.executor = executor
+        self.info = info = executor.info()
+        self.page_size = info.page_size
+        self.kv = KVManager(info.num_pages, info.page_size, use_cache=config.cache == "radix")
+        self.max_running = min(config.max_running_requests, info.max_slots)
+        self.eos_ids = frozenset(info.eos_token_ids)
+        self._free_slots = list(range(info.max_slots))  # a heap: lowest slot first
+        self.reqs: dict[int, Request] = {}  # live (not ended) requests by rid
+        self.waiting: list[Request] = []  # sorted by arrival
+        self.running: list[Request] = []  # sorted by arrival
+        self._zombies: set[Request] = set()  # ended, pages held until their steps are collected
+        self.inflight: deque[_Launched] = deque()
+        self._events: dict[Request, TokenEvent] = {}
+        self._arrivals = 0
+        self._next_step = 1
+        # A step failed: cached KV is suspect until every step launched before that is collected.
+        self._poisoned = False
+        self._poison_until = 0
+        self._counters = dict(hit=0, query=0, preempt=0, prefill=0, decode=0, steps=0, done=0)
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def submit(self, rid: int, input_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request; raises a SchedulerError subclass when it is refused."""
+        if rid in self.reqs:
+            raise InvalidRequest(f"request id {rid} is already in use")
+        check_request(self.info, input_ids, params)
+        if len(self.waiting) >= self.config.max_queued_requests:
+            raise Overloaded(
+                f"the scheduler queue is full ({len(self.waiting)} waiting requests); retry later"
+            )
+        stop = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
+        n = len(input_ids)
+        self._arrivals += 1
+        req = Request(
+            rid=rid, prompt_len=n, params=params,
+            max_tokens=min(params.max_tokens, self.info.max_model_len - n),
+            stop_ids=frozenset(stop), arrival=self._arrivals, tokens=list(input_ids), target=n,
+        )
+        self.reqs[rid] = req
+        self.waiting.append(req)  # the newest arrival sorts last
+
+    def abort(self, rid: int, reason: FinishReason | str = FinishReason.ABORT) -> bool:
+        """End a request now (queued, prefilling, decoding or in flight). False if not live.
+
+        `reason` is reported as the finish reason: the detokenizer aborts with STOP when it sees a
+        stop string. Pages go back at once, or when the last in-flight step using them returns.
+        """
+        req = self.reqs.get(rid)
+        if req is None:
+            return False
+        self._finish(req, FinishReason(reason))
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.inflight or self._events)
+
+    def step(self) -> list[TokenEvent]:
+        """One scheduling iteration: plan + launch a step, collect finished ones, report."""
+        launched = self._plan()
+        if launched.plan.reqs:
+            self._launch(launched)
+        elif not self.inflight and (self.running or self.waiting):
+            self._stalled()  # nothing planned, nothing to wait for: a bug, but never a hang
+        keep = 1 if launched.plan.reqs and not self.config.disable_overlap else 0
+        while len(self.inflight) > keep:
+            self._collect()
+        events = list(self._events.values())
+        self._events.clear()
+        return events
+
+    def stats(self) -> SchedulerStats:
+        c, kv = self._counters, self.kv
+        return SchedulerStats(
+            running=len(self.running), waiting=len(self.waiting),
+            inflight_steps=len(self.inflight), total_pages=kv.num_pages,
+            free_pages=kv.free_pages, cached_pages=kv.cached_pages,
+            used_pages=kv.num_pages - kv.free_pages - kv.cached_pages,
+            prefix_hit_tokens=c["hit"], prefix_query_tokens=c["query"], preemptions=c["preempt"],
+            prefill_tokens=c["prefill"], decode_tokens=c["decode"], steps=c["steps"],
+            finished=c["done"],
+        )
+
+    def check_invariants(self) -> None:
+        """Page accounting and ref counts (tests; cheap enough for a debug flag)."""
+        holders = [r for r in self.running] + list(self._zombies)
+        self.kv.check(holders)
+        slots = [r.slot for r in holders]
+        assert len(set(slots)) == len(slots) and -1 not in slots, "slot reused while held"
+        assert len(slots) + len(self._free_slots) == self.info.max_slots, "slot leaked"
+        for req in self.waiting:
+            assert not req.pages and req.node is None and req.slot == -1
+
+    def close(self) -> None:
+        self.executor.close()
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def _plan(self) -> _Launched:
+        step = _Launched(StepPlan(self._next_step))
+        budget = self.config.max_prefill_tokens
+        for req in list(self.running):  # oldest first: they win when memory is short
+            if req.phase is not Phase.RUNNING:
+                continue  # preempted or ended while planning this step
+            if req.prefilling:
+                if budget > 0 and (n := self._fit_chunk(req, budget)):
+                    self._add_prefill(step, req, n)
+                    budget -= n
+            elif req.can_decode and self._grow(req, req.computed + 1) and req.can_decode:
+                self._add(step, req, [])
+        self._admit(step, budget)
+        return step
+
+    def _fit_chunk(self, req: Request, budget: int) -> int:
+        """Tokens of the next prefill chunk of a running request that fit in memory (0: none)."""
+        want = min(budget, req.target - req.computed)
+        for _ in range(2):
+            room = (len(req.pages) + self.kv.available) * self.page_size - req.computed
+            if min(want, room) > 0:
+                n = min(want, room)
+                ok = self.kv.grow(req, req.computed + n)
+                assert ok
+                return n
+            if not self._grow(req, req.computed + 1):  # preempts or drains to make room
+                return 0
+        return 0
+
+    def _grow(self, req: Request, num_tokens: int) -> bool:
+        """Pages for `num_tokens` positions of a running request, preempting younger ones."""
+        while not self.kv.grow(req, num_tokens):
+            if self.inflight:  # pages of finished requests may come back with these steps
+                self._drain()
+                if req.phase is not Phase.RUNNING:
+                    return False
+                continue
+            victim = self.running[-1]
+            if victim is req and self._zombies:
+                return False  # ended requests in this plan give pages back after it: wait
+            if victim is req and len(self.running) == 1:
+                self._finish(req, FinishReason.ERROR, SchedulerError(
+                    f"the request needs {pages_for(num_tokens, self.page_size)} KV pages "
+                    f"({num_tokens} tokens) but the pool holds {self.kv.num_pages} pages",
+                    ErrorCode.CONTEXT_LENGTH_EXCEEDED))
+                return False
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _admit(self, step: _Launched, budget: int) -> None:
+        """Move waiting requests into slots while budget, slots and memory allow."""
+        if not self.waiting:
+            return
+        ready_before = step.plan.step_id
+        reserve = sum(self._reserve_for(r) for r in self.running)
+        for req in self._waiting_order():
+            if budget <= 0 or len(self.running) >= self.max_running or not self._free_slots:
+                return
+            use_cache = not self._poisoned
+            match = self.kv.match(req.tokens[: req.target - 1], ready_before) if use_cache else None
+            if match is not None and match.blocked:
+                continue  # this step computes more of its prefix: next step gets it for free
+            self.kv.attach(req, match)
+            cached = len(req.pages) * self.page_size
+            n = min(budget, req.target - cached)
+            need = pages_for(cached + n, self.page_size) - len(req.pages)
+            if need + reserve > self.kv.available:
+                self.kv.detach(req)
+                return  # keep arrival order: later requests do not jump the queue
+            got = self.kv.alloc(need)
+            assert got is not None
+            req.pages.extend(got)
+            req.slot = heapq.heappop(self._free_slots)
+            req.computed = cached
+            req.phase = Phase.RUNNING
+            self.waiting.remove(req)
+            bisect.insort(self.running, req, key=lambda r: r.arrival)
+            if req.cached_tokens < 0:
+                req.cached_tokens = min(cached, req.prompt_len)
+            self._counters["hit"] += cached
+            self._counters["query"] += req.target
+            self._add_prefill(step, req, n, start=True)
+            budget -= n
+            reserve += self._reserve_for(req)
+
+    def _waiting_order(self) -> list[Request]:
+        if (self.config.policy == "lpm" and self.kv.cache is not None
+                and len(self.waiting) <= self.config.lpm_max_queue and not self._poisoned):
+            cache = self.kv.cache
+            hits = {id(r): cache.match(r.tokens[: r.target - 1]).num_pages for r in self.waiting}
+            return sorted(self.waiting, key=lambda r: (-hits[id(r)], r.arrival))
+        return list(self.waiting)
+
+    def _reserve_for(self, r: Request) -> int:
+        """Pages kept back for a running request: the rest of its prefill, a share of decode."""
+        left = r.max_tokens - r.num_outputs - r.pending_samples
+        future = (r.target - r.computed) + int(left * self.config.decode_reserve_ratio)
+        return max(0, pages_for(r.computed + future, self.page_size) - len(r.pages))
+
+    def _add_prefill(self, step: _Launched, req: Request, n: int, start: bool = False) -> None:
+        begin = req.computed
+        self._add(step, req, req.tokens[begin : begin + n], start=start)
+        self._counters["prefill"] += n
+        if not self._poisoned:
+            self.kv.cache_prefix(req, req.computed, step.plan.step_id)
+
+    def _add(self, step: _Launched, req: Request, input_ids: list[int], start: bool = False) -> None:
+        params = req.params
+        sample = not input_ids or req.computed + len(input_ids) == req.target
+        entry = ReqPlan(
+            rid=req.rid, slot=req.slot, cache_len=req.computed, input_ids=input_ids,
+            page_offset=0 if start else req.sent_pages,
+            new_pages=list(req.pages) if start else req.pages[req.sent_pages :],
+            sample=sample, sampling=self._restart_params(req) if start else None,
+            history_ids=req.tokens[: req.computed] if start and params.needs_penalties else [],
+        )
+        step.plan.reqs.append(entry)
+        step.reqs.append(req)
+        req.sent_pages = len(req.pages)
+        req.computed += len(input_ids) or 1
+        req.inflight += 1
+        if sample:
+            step.sampled.append(req)
+            req.pending_samples += 1
+        if not input_ids:
+            self._counters["decode"] += 1
+
+    @staticmethod
+    def _restart_params(req: Request) -> SamplingParams:
+        """What the worker needs on a (re)start: after preemption, outputs already made count
+        toward min_tokens (the worker only sees the tokens sampled in this slot)."""
+        params, done = req.params, req.num_outputs
+        if done == 0 or params.min_tokens == 0:
+            return params
+        return replace(params, min_tokens=max(0, params.min_tokens - done),
+                       max_tokens=max(1, params.max_tokens - done))
+
+    # -- execution -----------------------------------------------------------------------------
+
+    def _launch(self, step: _Launched) -> None:
+        self._next_step += 1
+        self._counters["steps"] += 1
+        self.inflight.append(step)
+        try:
+            self.executor.launch(step.plan)
+        except Exception as exc:  # the worker is gone or refused the plan
+            self.inflight.pop()
+            self._fail_step(step, exc)
+
+    def _drain(self) -> None:
+        while self.inflight:
+            self._collect()
+
+    def _collect(self) -> None:
+        step = self.inflight.popleft()
+        try:
+            out = self.executor.collect()
+            _check_output(step, out)
+        except Exception as exc:
+            self._fail_step(step, exc)
+            return
+        for req in step.reqs:
+            req.inflight -= 1
+        for i, req in enumerate(step.sampled):
+            req.pending_samples -= 1
+            if req.phase is Phase.RUNNING:
+                self._on_token(req, out, i)
+        for req in step.reqs:
+            if req.phase is Phase.ENDED:
+                self._maybe_release(req)
+        self._maybe_unpoison()
+
+    def _on_token(self, req: Request, out: StepOutput, i: int) -> None:
+        token = out.token_ids[i]
+        req.tokens.append(token)
+        event = self._event(req)
+        event.token_ids.append(token)
+        if req.params.logprobs and out.logprobs:
+            event.logprobs.append(out.logprobs[i])
+            if req.params.top_logprobs and out.top_logprobs:
+                event.top_logprobs.append(out.top_logprobs[i])
+        n = req.num_outputs
+        if token in req.stop_ids and n >= req.params.min_tokens:
+            self._finish(req, FinishReason.STOP)
+        elif n >= req.max_tokens:
+            self._finish(req, FinishReason.LENGTH)
+
+    def _fail_step(self, step: _Launched, exc: Exception) -> None:
+        """A failed step leaves the worker's slots and KV suspect: fail everything running."""
+        log.error("step %d failed: %s", step.plan.step_id, exc)
+        error = exc if isinstance(exc, SchedulerError) else WorkerFailed(f"the worker failed: {exc}")
+        self._poisoned = True
+        self._poison_until = self._next_step - 1  # the last step launched so far
+        for req in step.reqs:
+            req.inflight -= 1
+            req.kv_valid = False
+        for req in step.sampled:
+            req.pending_samples -= 1
+        for req in list(self.running):
+            req.kv_valid = False
+            self._finish(req, FinishReason.ERROR, error)
+        for req in step.reqs:
+            self._maybe_release(req)
+        self._maybe_unpoison()
+
+    def _maybe_unpoison(self) -> None:
+        if self._poisoned and all(s.plan.step_id > self._poison_until for s in self.inflight):
+            self.kv.drop_cache()  # nothing locks it: every request of those steps has ended
+            self._poisoned = False
+
+    def _stalled(self) -> None:
+        # Unreachable by design (see tests); if it happens, fail loudly rather than spin forever.
+        log.error("scheduler stalled: %d running, %d waiting, %d free pages",
+                  len(self.running), len(self.waiting), self.kv.free_pages)
+        error = SchedulerError("internal error: the scheduler could not make progress")
+        for req in self.running + self.waiting:
+            self._finish(req, FinishReason.ERROR, error)
+
+    # -- request lifecycle ---------------------------------------------------------------------
+
+    def _event(self, req: Request) -> TokenEvent:
+        event = self._events.get(req)
+        if event is None:
+            event = self._events[req] = TokenEvent(
+                req.rid, prompt_tokens=req.prompt_len, cached_tokens=max(0, req.cached_tokens))
+        return event
+
+    def _finish(self, req: Request, reason: FinishReason,
+                error: SchedulerError | None = None) -> None:
+        if req.phase is Phase.ENDED:
+            return
+        event = self._event(req)
+        event.finish_reason, event.error = reason, error
+        if req.phase is Phase.WAITING:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
+            self._zombies.add(req)
+        req.phase = Phase.ENDED
+        req.finish_reason = reason
+        self.reqs.pop(req.rid, None)
+        self._counters["done"] += 1
+        self._maybe_release(req)
+
+    def _maybe_release(self, req: Request) -> None:
+        if req.inflight == 0 and req in self._zombies:
+            self._zombies.discard(req)
+            self._free_resources(req)
+
+    def _free_resources(self, req: Request) -> None:
+        self.kv.release(req, offer=req.kv_valid and not self._poisoned)
+        heapq.heappush(self._free_slots, req.slot)
+        req.slot = -1
+
+    def _preempt(self, req: Request) -> None:
+        """Back to the queue; recomputed later from prompt + outputs (already sent to the client)."""
+        assert req.inflight == 0 and req.pending_samples == 0
+        self.running.remove(req)
+        self._free_resources(req)
+        req.phase = Phase.WAITING
+        req.computed, req.target = 0, len(req.tokens)
+        req.num_preemptions += 1
+        self._counters["preempt"] += 1
+        bisect.insort(self.waiting, req, key=lambda r: r.arrival)
+        log.debug("preempted request %d after %d outputs", req.rid, req.num_outputs)
+
+
+def _check_output(step: _Launched, out: StepOutput) -> None:
+    if out.step_id != step.plan.step_id:
+        raise SchedulerError(f"worker answered step {out.step_id}, expected {step.plan.step_id}")
+    if list(out.rids) != [r.rid for r in step.sampled] or len(out.token_ids) != len(out.rids):
+        raise SchedulerError(f"worker output for step {out.step_id} does not match its plan")

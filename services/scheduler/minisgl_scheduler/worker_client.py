@@ -1,0 +1,129 @@
+"""`StepExecutor` over the worker's gRPC `Step` stream: one StepRequest per step, answers in order.
+
+`launch` only queues the plan (the stream sends it in the background), so with overlap the next
+plan is on the wire while the worker still computes the previous one. A broken stream, a worker
+error or a step that takes longer than `step_timeout` make `collect` raise `WorkerFailed` for every
+step sent on that stream; the scheduler then fails the affected requests, and the next `launch`
+opens a fresh stream (the worker may have been restarted).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+from minisgl_core.proto.minisgl.v1 import worker_pb2, worker_pb2_grpc
+from minisgl_core.serving import channel
+from minisgl_core.step import StepExecutor, StepOutput, StepPlan, WorkerInfo
+
+from minisgl_scheduler.convert import info_from_proto, output_from_proto, plan_to_proto
+from minisgl_scheduler.errors import SchedulerError, WorkerFailed
+
+log = logging.getLogger(__name__)
+_END = object()
+
+
+@dataclass
+class _Stream:
+    call: grpc.Future | None = None
+    outbox: queue.Queue = field(default_factory=queue.Queue)  # StepRequest | _END
+    inbox: queue.Queue = field(default_factory=queue.Queue)  # StepResponse | Exception
+    failure: Exception | None = None
+
+    def requests(self) -> Iterator[worker_pb2.StepRequest]:
+        while (item := self.outbox.get()) is not _END:
+            yield item
+
+
+class WorkerClient(StepExecutor):
+    def __init__(self, target: str, connect_timeout: float = 120.0,
+                 step_timeout: float = 600.0) -> None:
+        self.target = target
+        self.step_timeout = step_timeout
+        self._channel = channel(target)
+        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+        try:
+            reply = self._stub.GetWorkerInfo(worker_pb2.GetWorkerInfoRequest(),
+                                             timeout=connect_timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            self._channel.close()
+            raise WorkerFailed(f"cannot reach the worker at {target}: {exc.details()}") from None
+        self._info = info_from_proto(reply)
+        self._stream: _Stream | None = None
+        self._sent: deque[_Stream] = deque()  # the stream each launched step went out on
+        self._closed = False
+
+    def info(self) -> WorkerInfo:
+        return self._info
+
+    def launch(self, plan: StepPlan) -> None:
+        if self._closed:
+            raise WorkerFailed("the worker client is closed")
+        stream = self._stream
+        if stream is None or stream.failure is not None:
+            stream = self._stream = self._open()
+        stream.outbox.put(plan_to_proto(plan))
+        self._sent.append(stream)
+
+    def collect(self) -> StepOutput:
+        if not self._sent:
+            raise SchedulerError("collect() without a launched step")
+        stream = self._sent.popleft()
+        try:  # answers that arrived before a failure still count
+            item = stream.inbox.get_nowait()
+        except queue.Empty:
+            if stream.failure is not None:
+                raise stream.failure from None
+            try:
+                item = stream.inbox.get(timeout=self.step_timeout)
+            except queue.Empty:
+                self._fail(stream, WorkerFailed(
+                    f"the worker did not answer within {self.step_timeout:.0f}s"))
+                raise stream.failure from None  # type: ignore[misc]
+        if isinstance(item, Exception):
+            raise item
+        return output_from_proto(item)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._stream is not None:
+            self._fail(self._stream, WorkerFailed("the worker client is closed"))
+        self._channel.close()
+
+    # -- stream handling ---------------------------------------------------------------------------
+
+    def _open(self) -> _Stream:
+        stream = _Stream()
+        stream.call = self._stub.Step(stream.requests())
+        threading.Thread(target=self._read, args=(stream,), name="worker-stream",
+                         daemon=True).start()
+        return stream
+
+    def _read(self, stream: _Stream) -> None:
+        call = stream.call
+        assert call is not None
+        try:
+            for reply in call:  # type: ignore[attr-defined]
+                stream.inbox.put(reply)
+            self._fail(stream, WorkerFailed("the worker closed the step stream"))
+        except grpc.RpcError as exc:
+            self._fail(stream, WorkerFailed(
+                f"the worker stream broke: {exc.code().name}: {exc.details()}"))  # type: ignore[attr-defined]
+
+    def _fail(self, stream: _Stream, exc: Exception) -> None:
+        """Every step still waiting on `stream` fails with `exc`; the stream is torn down."""
+        if stream.failure is None:
+            stream.failure = exc
+            log.error("worker %s: %s", self.target, exc)
+        # Wake a collect() that is blocked on this stream; later ones see `failure` first.
+        stream.inbox.put(stream.failure)
+        stream.outbox.put(_END)
+        if stream.call is not None:
+            stream.call.cancel()

@@ -1,0 +1,243 @@
+"""Mixture-of-experts FFN for Qwen3-MoE: routing, a plain-torch reference and a Triton path.
+
+    out[t] = sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])),  e = ids[t, k]
+
+Weights use the HF layout: w13 [E, 2*I, H] (gate rows then up rows), w2 [E, H, I].
+
+The Triton path (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1) is three steps:
+1. align: group the T*K (token, k) pairs by expert, each group padded to the GEMM's BLOCK_M;
+2. one grouped GEMM for gate and up of every expert at once, SiLU-and-mul in its epilogue;
+3. one grouped GEMM for down, scaled by the routing weight, into a [T, K, H] buffer that is summed
+   over K (no atomics, so results are deterministic).
+Nothing reads a device value back on the host, so the op can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# Up to this many (token, k) pairs one program does all of the alignment (one launch instead of
+# four); beyond, per-program work grows with the pairs and the many-program path wins.
+SINGLE_ALIGN_MAX_PAIRS = 256
+_ALIGN_BLOCK = 64  # pairs per alignment program / loop step
+_ALIGN_BLOCK_B = 64  # tiles labelled per loop step
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    block_n: int  # output columns per program (gate_up: columns of gate and of up, each)
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 1  # row tiles that share a column sweep (L2 reuse of activations)
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    block_m: int  # rows per tile = padding unit of each expert's group
+    gate_up: GemmTile
+    down: GemmTile
+
+
+def choose_config(num_tokens: int) -> MoeConfig:
+    """Tile sizes by batch size, for Qwen3-30B-A3B-like shapes (E=128, top-8) on an H100.
+
+    With E experts and top-K, an expert sees about T*K/E rows: decode batches put 1-2 rows in a
+    tile, so BLOCK_M is the tensor-core minimum and tiles are narrow to spread the weight reads
+    over many SMs (memory-bound); prefill grows the tiles until the GEMMs are compute-bound. The
+    table follows the shape of public tuned tables for this model; `bench/gpu_check_moe.py --sweep`
+    re-tunes it.
+    """
+    if num_tokens <= 32:
+        return MoeConfig(16, GemmTile(32, 128, 4, 4), GemmTile(64, 128, 4, 4))
+    if num_tokens <= 128:
+        return MoeConfig(16, GemmTile(128, 128, 8, 2), GemmTile(256, 128, 8, 2))
+    if num_tokens <= 256:
+        return MoeConfig(32, GemmTile(128, 64, 8, 3), GemmTile(256, 64, 8, 3))
+    if num_tokens <= 1024:
+        return MoeConfig(64, GemmTile(128, 64, 8, 4), GemmTile(256, 64, 8, 4))
+    return MoeConfig(128, GemmTile(128, 64, 8, 4), GemmTile(256, 64, 8, 4))
+
+
+# ------------------------------------------------------------------------------------------------
+# Routing and the reference
+# ------------------------------------------------------------------------------------------------
+
+
+def route(router_logits: torch.Tensor, top_k: int,
+          norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF Qwen3-MoE routing: softmax in fp32 over all experts, top-k, optional renormalisation.
+
+    Returns (topk_weights [T, K] in the logits' dtype, topk_ids [T, K] int64).
+    """
+    if router_logits.dim() != 2:
+        raise ValueError(f"router_logits must be [T, E], got {tuple(router_logits.shape)}")
+    if not 1 <= top_k <= router_logits.shape[1]:
+        raise ValueError(f"top_k={top_k} must be in [1, {router_logits.shape[1]}]")
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+def _check_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor) -> None:
+    if hidden.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError("expected hidden [T, H], w13 [E, 2I, H], w2 [E, H, I]")
+    t, h = hidden.shape
+    e, two_i, h13 = w13.shape
+    if h13 != h or two_i % 2 or tuple(w2.shape) != (e, h, two_i // 2):
+        raise ValueError(f"shape mismatch: hidden {tuple(hidden.shape)}, w13 {tuple(w13.shape)}, "
+                         f"w2 {tuple(w2.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != t or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights "
+                         f"{tuple(topk_weights.shape)} must both be [T={t}, K]")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
+        raise TypeError(f"topk_ids must be integer, got {topk_ids.dtype}")
+    if not (hidden.dtype.is_floating_point and hidden.dtype == w13.dtype == w2.dtype):
+        raise TypeError(f"hidden, w13, w2 must share one float dtype, got "
+                        f"{hidden.dtype}, {w13.dtype}, {w2.dtype}")
+    devices = {x.device for x in (hidden, w13, w2, topk_ids, topk_weights)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    # Reading ids back costs a device sync, so only CPU tensors are range-checked here.
+    if topk_ids.device.type == "cpu" and topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= e:
+            raise ValueError(f"topk_ids must be in [0, {e}), got values in [{lo}, {hi}]")
+
+
+def moe_reference(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """The exact semantics in plain torch, one expert at a time (the CPU path and the test oracle).
+
+    Expert matmuls run in the input dtype, as HF does; the sum over k accumulates in fp32.
+    """
+    _check_args(hidden, w13, w2, topk_ids, topk_weights)
+    inter = w13.shape[1] // 2
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    ids = topk_ids.long()
+    for e in torch.unique(ids).tolist():
+        token, slot = torch.where(ids == e)
+        gate, up = F.linear(hidden[token], w13[e]).split(inter, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2[e])
+        out.index_add_(0, token, y.float() * topk_weights[token, slot, None].float())
+    return out.to(hidden.dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Triton path
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Alignment:
+    sorted_pairs: torch.Tensor  # [capacity] int32: pair ids grouped by expert, pads = num_pairs
+    expert_of_block: torch.Tensor  # [num_tiles_m] int32: the expert of each BLOCK_M-row tile
+    num_padded: torch.Tensor  # [1] int32: used length of sorted_pairs (a multiple of BLOCK_M)
+    num_tiles_m: int  # worst-case tile count, for sizing launch grids
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+                single_max_pairs: int = SINGLE_ALIGN_MAX_PAIRS) -> Alignment:
+    """Group the flat (token, k) pairs by expert, each group padded to a multiple of block_m."""
+    from . import fused_moe_kernels as kern
+
+    ids = topk_ids.reshape(-1).contiguous()
+    num_pairs = ids.numel()
+    # Worst case: every used expert wastes block_m - 1 pad slots.
+    capacity = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    num_tiles_m = _cdiv(capacity, block_m)
+    dev = ids.device
+    sorted_pairs = torch.empty(capacity, dtype=torch.int32, device=dev)
+    expert_of_block = torch.empty(num_tiles_m, dtype=torch.int32, device=dev)
+    num_padded = torch.empty(1, dtype=torch.int32, device=dev)
+    e_pad = _next_pow2(num_experts)
+    if num_pairs <= single_max_pairs:
+        kern.align_single_kernel[(1,)](
+            ids, sorted_pairs, expert_of_block, num_padded, num_pairs, num_experts,
+            E_PAD=e_pad, BLOCK_M=block_m, BLOCK=_ALIGN_BLOCK, BLOCK_B=_ALIGN_BLOCK_B, num_warps=4)
+    else:
+        scratch = torch.zeros(2 * e_pad, dtype=torch.int32, device=dev)  # counts, cursors
+        counts, cursor = scratch[:e_pad], scratch[e_pad:]
+        grid = (_cdiv(num_pairs, _ALIGN_BLOCK),)
+        kern.count_kernel[grid](ids, counts, num_pairs, num_experts, E_PAD=e_pad,
+                                BLOCK=_ALIGN_BLOCK, num_warps=4)
+        kern.plan_kernel[(1,)](counts, cursor, sorted_pairs, expert_of_block, num_padded,
+                               num_pairs, E_PAD=e_pad, BLOCK_M=block_m, BLOCK_B=_ALIGN_BLOCK_B,
+                               num_warps=8)
+        kern.place_kernel[grid](ids, cursor, sorted_pairs, num_pairs, num_experts,
+                                BLOCK=_ALIGN_BLOCK, num_warps=4)
+    return Alignment(sorted_pairs, expert_of_block, num_padded, num_tiles_m)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _stages(tile: GemmTile, dtype: torch.dtype) -> int:
+    # fp32 tiles take twice the shared memory of bf16 ones; fewer pipeline stages keep them in.
+    return min(tile.num_stages, 2) if dtype == torch.float32 else tile.num_stages
+
+
+def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                     topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                     config: MoeConfig | None = None,
+                     single_align_max_pairs: int = SINGLE_ALIGN_MAX_PAIRS) -> torch.Tensor:
+    """The Triton path, always (CPU tensors need TRITON_INTERPRET=1 set before the first call)."""
+    from . import fused_moe_kernels as kern
+
+    _check_args(hidden, w13, w2, topk_ids, topk_weights)
+    num_tokens, hidden_size = hidden.shape
+    num_experts, two_i, _ = w13.shape
+    inter, top_k = two_i // 2, topk_ids.shape[1]
+    num_pairs = num_tokens * top_k
+    if num_pairs == 0:
+        return hidden.new_zeros(hidden.shape)
+    cfg = config or choose_config(num_tokens)
+    hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
+    weights = topk_weights.reshape(-1).contiguous()
+    # fp32 must stay fp32: TF32 would cost ~1e-3 relative error.
+    precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
+    al = align_pairs(topk_ids, num_experts, cfg.block_m, single_align_max_pairs)
+
+    act = torch.empty(num_pairs, inter, dtype=hidden.dtype, device=hidden.device)
+    t = cfg.gate_up
+    grid = (al.num_tiles_m * _cdiv(inter, t.block_n),)
+    kern.gate_up_kernel[grid](
+        hidden, w13, act, al.sorted_pairs, al.expert_of_block, al.num_padded,
+        num_pairs, hidden_size, inter, al.num_tiles_m,
+        hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        TOPK=top_k, BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        GROUP_M=t.group_m, EVEN_K=hidden_size % t.block_k == 0, PRECISION=precision,
+        num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype))
+
+    per_pair = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
+    t = cfg.down
+    grid = (al.num_tiles_m * _cdiv(hidden_size, t.block_n),)
+    kern.down_kernel[grid](
+        act, w2, per_pair, weights, al.sorted_pairs, al.expert_of_block, al.num_padded,
+        num_pairs, hidden_size, inter, al.num_tiles_m,
+        act.stride(0), w2.stride(0), w2.stride(1), per_pair.stride(0),
+        BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
+        EVEN_K=inter % t.block_k == 0, PRECISION=precision,
+        num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype))
+    # torch's sum accumulates half types in fp32 and rounds once.
+    return per_pair.view(num_tokens, top_k, hidden_size).sum(dim=1)
+
+
+def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+              topk_weights: torch.Tensor) -> torch.Tensor:
+    """[T, H] MoE output. CUDA tensors take the Triton kernels; CPU tensors the torch reference
+    (the interpreter is far too slow to serve from, and the test calls fused_moe_triton itself)."""
+    if hidden.is_cuda:
+        return fused_moe_triton(hidden, w13, w2, topk_ids, topk_weights)
+    return moe_reference(hidden, w13, w2, topk_ids, topk_weights)
