@@ -89,6 +89,9 @@ def save_checkpoint(
             "temperature": 0.7,
             "top_k": 40,
             "top_p": 0.9,
+            # Greedy text of a model this small loops ("the God of Israel, the God of Israel");
+            # a mild HF-style penalty keeps chat answers readable.
+            "repetition_penalty": 1.1,
             "transformers_version": transformers.__version__,
         },
     )

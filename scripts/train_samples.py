@@ -3,8 +3,8 @@
     python scripts/train_samples.py --model models/tiny --heldout tests/model/data/heldout.txt
 
 Prints the fp32 perplexity over every 256-token window of the held-out text, the unigram
-baseline fitted on that text itself, chat answers (greedy and T=0.7, top-p 0.9, top-k 40)
-and the wall time of 64 greedy tokens.
+baseline fitted on that text itself, chat answers (greedy, and sampled with the defaults of
+generation_config.json) and the wall time of 64 greedy tokens.
 """
 
 from __future__ import annotations
@@ -61,17 +61,20 @@ def main() -> None:
             return_tensors="pt",
             return_dict=True,
         )
-        for temp in (0.0, 0.7):
+        # Plain greedy, then the defaults of generation_config.json (T=0.7, top-p 0.9, top-k 40,
+        # repetition penalty 1.1), which generate() applies to whatever is not passed.
+        for name, kw in (("greedy", {"do_sample": False, "repetition_penalty": 1.0}),
+                         ("default", {})):  # fmt: skip
             torch.manual_seed(1)
-            kw = {"do_sample": True, "temperature": temp, "top_p": 0.9, "top_k": 40}
-            out = model.generate(**enc, max_new_tokens=64, **(kw if temp else {"do_sample": False}))
+            out = model.generate(**enc, max_new_tokens=64, **kw)
             answer = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            print(f"[T={temp}] {prompt} -> {answer}")
+            print(f"[{name}] {prompt} -> {answer}")
 
     enc = tok("And God said", return_tensors="pt")
     for _ in range(3):
         t = time.perf_counter()
-        model.generate(**enc, max_new_tokens=64, min_new_tokens=64, do_sample=False)
+        model.generate(**enc, max_new_tokens=64, min_new_tokens=64, do_sample=False,
+                       repetition_penalty=1.0)
         print(f"64 greedy tokens: {time.perf_counter() - t:.3f}s")
 
 

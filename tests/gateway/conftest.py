@@ -1,8 +1,9 @@
 """Gateway fixtures.
 
-`gw_stack` is the real five-process stack (tests/conftest.py's `stack`). With
-MINISGL_GATEWAY_FAKE_STACK=1 it is instead a gateway process in front of the scripted upstreams of
-fake_upstreams.py (for working on the gateway before the other services exist; never the default).
+`gw_stack` is the real five-process stack (tests/conftest.py's `stack`). For work on the gateway
+alone it can instead be a gateway process in front of upstreams started elsewhere
+(MINISGL_GATEWAY_TEST_UPSTREAMS="tokenizer=H:P,detokenizer=H:P,scheduler=H:P") or in front of the
+scripted upstreams of fake_upstreams.py (MINISGL_GATEWAY_FAKE_STACK=1). Never the default.
 `spawn_gateway` starts one more real gateway process, with its own flags, in front of the same
 upstreams (API keys, small limits)."""
 
@@ -120,11 +121,15 @@ def _fake_targets(fakes: FakeUpstreams) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def gw_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[object]:
-    if os.environ.get("MINISGL_GATEWAY_FAKE_STACK") != "1":
+    external = os.environ.get("MINISGL_GATEWAY_TEST_UPSTREAMS", "")
+    if external:  # "tokenizer=HOST:PORT,detokenizer=HOST:PORT,scheduler=HOST:PORT"
+        targets = dict(pair.split("=", 1) for pair in external.split(","))
+    elif os.environ.get("MINISGL_GATEWAY_FAKE_STACK") == "1":
+        targets = _fake_targets(request.getfixturevalue("fake_upstreams"))
+    else:
         yield request.getfixturevalue("stack")
         return
-    fakes = request.getfixturevalue("fake_upstreams")
-    gw = start_gateway(_fake_targets(fakes), tmp_path_factory.mktemp("gw"))
+    gw = start_gateway(targets, tmp_path_factory.mktemp("gw"))
     yield gw
     assert gw.stop() == 0
 

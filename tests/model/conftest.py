@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from .perplexity import NUM_WINDOWS, WINDOW
+
 HELDOUT = Path(__file__).parent / "data" / "heldout.txt"
-WINDOW = 256
-NUM_WINDOWS = 8
 
 
 @pytest.fixture(scope="session")

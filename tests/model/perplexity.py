@@ -7,6 +7,9 @@ from collections import Counter
 
 import torch
 
+WINDOW = 256  # tokens scored per window
+NUM_WINDOWS = 8  # windows spread evenly over the held-out slice
+
 
 def nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
     """Summed negative log-likelihood of `targets` under fp32 `logits` [..., vocab]."""

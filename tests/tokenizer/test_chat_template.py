@@ -166,3 +166,19 @@ def test_embedded_tiny_model_matches_transformers() -> None:
             plain, tokenize=True, return_dict=False, add_generation_prompt=True))
     text = "In the beginning, café 🎉"
     assert ours.tokenize([TextPrompt(text)])[0].token_ids == ref(text).input_ids
+
+
+def test_template_sees_the_same_special_token_variables(tmp_path: Path) -> None:
+    """Named and model-specific `*_token` entries are template variables; flags are not."""
+    write_chatml_model(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["image_token"] = "<|im_start|>"
+    config["add_bos_token"] = False
+    config["chat_template"] = ("[{{ image_token }}|{{ eos_token }}|{{ pad_token }}|"
+                               "{{ bos_token is defined }}|{{ add_bos_token is defined }}]")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    messages = [{"role": "user", "content": "x"}]
+    want = transformers.AutoTokenizer.from_pretrained(str(tmp_path)).apply_chat_template(
+        messages, tokenize=False)
+    assert ModelTokenizer.load(tmp_path).chat.render(messages, None, False) == want
+    assert want == "[<|im_start|>|<|im_end|>|<|endoftext|>|False|False]"

@@ -27,6 +27,10 @@ class LLM:
         from minisgl_worker.engine import Engine, EngineConfig  # torch lives behind this import
 
         names = set(SchedulerConfig.field_names())
+        unknown = set(kwargs) - names - set(EngineConfig.field_names())
+        if unknown:
+            raise TypeError(f"unknown LLM arguments {sorted(unknown)}; scheduler arguments are "
+                            f"{sorted(names)}, the rest are EngineConfig fields")
         sched_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         self.model_path = Path(model_path)
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))

@@ -5,16 +5,20 @@ chunks; both call `close()` when they are done, which aborts whatever is still r
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from minisgl_core.logging import log_fields
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
 from minisgl_gateway import metrics
 from minisgl_gateway.core import Gateway
 from minisgl_gateway.job import Job, check_job, choice_seed, resolve_max_tokens
 from minisgl_gateway.pipeline import Sequence, StepEvent
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -126,8 +130,13 @@ class Generation:
         usage = self.usage()
         metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
         metrics.GENERATION_TOKENS.inc(usage.completion_tokens)
-        if self._finished == self.num_choices and self.num_choices:
+        done = self._finished == self.num_choices and self.num_choices > 0
+        if done:
             metrics.E2E.observe(time.monotonic() - self.arrival)
+        log.debug("request ended", extra=log_fields(
+            kind=self.job.kind, choices=self.num_choices, complete=done,
+            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens, seconds=round(time.monotonic() - self.arrival, 4)))
 
     async def _merge(self, events: list[StepEvent]) -> list[ChoiceChunk]:
         now = time.monotonic()

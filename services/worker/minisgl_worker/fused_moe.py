@@ -8,7 +8,7 @@ The Triton path (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1) is three
 1. align: group the T*K (token, k) pairs by expert, each group padded to the GEMM's BLOCK_M;
 2. one grouped GEMM for gate and up of every expert at once, SiLU-and-mul in its epilogue;
 3. one grouped GEMM for down, scaled by the routing weight, into a [T, K, H] buffer that is summed
-   over K (no atomics, so results are deterministic).
+   over K (no atomic adds into the output, so results are bitwise deterministic).
 Nothing reads a device value back on the host, so the op can be captured in a CUDA graph.
 """
 
@@ -32,7 +32,7 @@ class GemmTile:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-    group_m: int = 1  # row tiles that share a column sweep (L2 reuse of activations)
+    group_m: int = 1  # row tiles run back to back per column tile (weight tile reuse in L2)
 
 
 @dataclass(frozen=True)

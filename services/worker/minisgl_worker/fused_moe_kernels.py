@@ -114,7 +114,8 @@ def place_kernel(ids_ptr, cursor_ptr, sorted_ptr, num_pairs, num_experts, BLOCK:
 
 @triton.jit
 def _tile_coords(num_tiles_m, num_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Program id -> (tile_m, tile_n); GROUP_M consecutive row tiles share column sweeps for L2."""
+    """Program id -> (tile_m, tile_n). Consecutive programs take GROUP_M row tiles of one column
+    tile (its weights stay in L2), then the next column tile; GROUP_M=1 sweeps a row's columns."""
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(num_cols, BLOCK_N)
     per_group = GROUP_M * tiles_n

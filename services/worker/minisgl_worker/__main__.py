@@ -1,0 +1,107 @@
+"""`python -m minisgl_worker --model PATH`: the worker service (one GPU, or TP ranks on one host).
+
+Every flag also reads MINISGL_WORKER_<FLAG> from the environment (flags win). EngineConfig fields
+map 1:1 onto flags (`--page-size` -> page_size). With --tp-size N, rank 0 serves gRPC and spawns
+ranks 1..N-1; ranks started by hand (--tp-rank K --dist-init-method tcp://HOST:PORT) only follow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import MISSING, fields
+from typing import Any
+
+from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
+from minisgl_core.logging import setup_logging
+
+from .config import LOAD_FORMATS, EngineConfig
+
+log = logging.getLogger("minisgl_worker")
+
+_HELP = {
+    "model_path": "HF model directory (config.json + *.safetensors)",
+    "load_format": "safetensors, or dummy: random weights from config.json (benchmarks)",
+    "dtype": "auto (float32 on CPU, bfloat16 on GPU), float16, bfloat16 or float32",
+    "device": "auto, cpu, cuda or cuda:N",
+    "page_size": "tokens per KV page",
+    "num_pages": "KV pages (default: GPU free memory x mem-fraction; CPU: kv-cache-tokens)",
+    "kv_cache_tokens": "KV cache size in tokens on CPU when --num-pages is not given",
+    "mem_fraction": "share of GPU memory for weights + KV cache",
+    "max_slots": "requests the worker can hold at once (page-table rows)",
+    "max_model_len": "context length (default: config.json max_position_embeddings)",
+    "attention_backend": "auto, torch, triton, flashinfer, fa3 or trtllm",
+    "prefill_attention_backend": "backend for steps with prefill (hybrid mode)",
+    "decode_attention_backend": "backend for decode-only steps (hybrid mode)",
+    "cuda_graph_max_bs": "largest decode batch captured in a CUDA graph",
+    "disable_cuda_graph": "run decode eagerly",
+    "tp_size": "tensor-parallel ranks (one GPU each)",
+    "tp_rank": "this process's rank (ranks > 0 need --dist-init-method)",
+    "dist_init_method": "torch.distributed rendezvous, e.g. tcp://10.0.0.1:29500",
+    "dummy_seed": "seed of the dummy weights",
+    "sampler_seed": "seed for requests without one (default: random)",
+    "hf_overrides": "JSON object merged into config.json, e.g. '{\"num_hidden_layers\": 2}'",
+}
+_CHOICES = {"load_format": list(LOAD_FORMATS)}
+
+
+def build_parser() -> ServiceArgs:
+    args = ServiceArgs("worker", "minisgl worker: runs the model on the scheduler's step plans")
+    args.add_common(DEFAULT_PORTS["worker"], DEFAULT_METRICS_PORTS["worker"])
+    for f in fields(EngineConfig):
+        flag = "--model" if f.name == "model_path" else "--" + f.name.replace("_", "-")
+        default: Any = None if f.default is MISSING else f.default
+        if f.name == "hf_overrides":
+            args.add(flag, "{}", _HELP[f.name])
+            continue
+        kind: type = {"int": int, "float": float, "bool": bool}.get(
+            str(f.type).split(" |")[0], str)
+        extra = {"choices": _CHOICES[f.name]} if f.name in _CHOICES else {}
+        if f.name == "model_path":
+            extra["dest"] = "model_path"
+        args.add(flag, default, _HELP[f.name], kind, **extra)
+    return args
+
+
+def config_from_args(ns: Any) -> EngineConfig:
+    values = {f.name: getattr(ns, f.name) for f in fields(EngineConfig)}
+    if not values["model_path"]:
+        raise SystemExit("minisgl-worker: --model (or MINISGL_WORKER_MODEL) is required")
+    overrides = values["hf_overrides"]
+    values["hf_overrides"] = json.loads(overrides) if isinstance(overrides, str) else overrides
+    return EngineConfig(**values)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ns = build_parser().parse(argv)
+    setup_logging("worker", ns.log_level)
+    config = config_from_args(ns)
+    if config.tp_rank > 0:
+        from .tp_workers import follower_main
+
+        follower_main(config, logging.getLogger().level)
+        return
+
+    from minisgl_core.proto.minisgl.v1 import worker_pb2_grpc
+    from minisgl_core.serving import ServiceHost
+
+    from .engine import Engine
+    from .server import WorkerService
+
+    engine = Engine(config)
+    try:
+        info = engine.info()
+        log.info("serving %s: %d pages x %d tokens, %d slots, context %d, %s on %s",
+                 info.model_name, info.num_pages, info.page_size, info.max_slots,
+                 info.max_model_len, info.attention_backend, info.device)
+        service = WorkerService(engine)
+        host = ServiceHost("worker", ns.host, ns.port, metrics_port=ns.metrics_port or None)
+        host.add(worker_pb2_grpc.add_WorkerServicer_to_server, service, "minisgl.v1.Worker")
+        host.on_drain(service.drain)
+        host.serve_forever(drain_timeout=ns.drain_timeout)
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Attention backends by name, and the hybrid that splits prefill and decode steps.
+
+    create_backend("torch", config, pool)
+    create_backend("auto", config, pool, prefill="fa3", decode="flashinfer")   # hybrid
+
+A name that is unknown, not built, or unable to run on this device raises `BackendUnavailable`
+at start-up: never a silent fallback to another backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+from ..kv_pool import KVPool
+from .base import AttentionBackend, AttentionConfig, BackendUnavailable, ForwardBatch
+
+# name -> (module under this package, class, needs a CUDA device)
+_REGISTRY: dict[str, tuple[str, str, bool]] = {
+    "torch": ("torch_backend", "TorchBackend", False),
+    "triton": ("triton_backend", "TritonBackend", True),
+    "flashinfer": ("flashinfer_backend", "FlashInferBackend", True),
+    "fa3": ("flashinfer_backend", "FA3Backend", True),  # FlashInfer's FA3 prefill kernels
+    "trtllm": ("flashinfer_backend", "TrtllmBackend", True),
+}
+BACKEND_NAMES = ("auto", *_REGISTRY)
+
+
+def resolve_name(name: str, device: torch.device) -> str:
+    """'auto' -> a concrete name for `device`: torch on CPU, flashinfer on CUDA when the package
+    is installed, triton otherwise."""
+    if name != "auto":
+        return name
+    if device.type != "cuda":
+        return "torch"
+    try:
+        importlib.import_module("flashinfer")
+        return "flashinfer"
+    except ImportError:
+        return "triton"
+
+
+def backend_class(name: str, device: torch.device) -> type[AttentionBackend]:
+    if name not in _REGISTRY:
+        raise BackendUnavailable(
+            f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    module, cls_name, needs_cuda = _REGISTRY[name]
+    interpreted = name == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
+    if needs_cuda and device.type != "cuda" and not interpreted:
+        raise BackendUnavailable(
+            f"attention backend {name!r} needs a CUDA device, but the worker runs on "
+            f"{device.type!r}; use --attention-backend torch (or auto) on CPU")
+    try:
+        mod = importlib.import_module(f"{__name__}.{module}")
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"attention backend {name!r} is not available in this build ({exc})") from exc
+    cls: type[AttentionBackend] = getattr(mod, cls_name)
+    cls.check_available(device)
+    return cls
+
+
+class HybridBackend(AttentionBackend):
+    """Decode-only steps go to `decode`, every other step to `prefill`; one shared KV pool."""
+
+    name = "hybrid"
+
+    def __init__(self, prefill: AttentionBackend, decode: AttentionBackend) -> None:
+        super().__init__(prefill.config, prefill.pool)
+        self.prefill, self.decode = prefill, decode
+        self.supports_cuda_graph = decode.supports_cuda_graph  # type: ignore[misc]
+        self._active: AttentionBackend = prefill
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        self._active = self.decode if batch.is_decode else self.prefill
+        self._active.prepare(batch)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                layer_id: int) -> torch.Tensor:
+        return self._active.forward(q, k, v, layer_id)
+
+    def init_cuda_graph(self, max_bs: int) -> None:
+        self.decode.init_cuda_graph(max_bs)
+
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+        self._active = self.decode
+        self.decode.prepare_for_capture(batch)
+
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+        self._active = self.decode
+        self.decode.prepare_for_replay(batch)
+
+
+def create_backend(name: str, config: AttentionConfig, pool: KVPool,
+                   prefill: str | None = None, decode: str | None = None) -> AttentionBackend:
+    """`name` for every step, unless `prefill` or `decode` overrides one kind (hybrid)."""
+    device = config.device
+    base = resolve_name(name, device)
+    p_name = resolve_name(prefill, device) if prefill else base
+    d_name = resolve_name(decode, device) if decode else base
+    p_cls, d_cls = backend_class(p_name, device), backend_class(d_name, device)
+    p = p_cls(config, pool)
+    if d_name == p_name:
+        return p
+    return HybridBackend(p, d_cls(config, pool))
+
+
+def describe(backend: AttentionBackend) -> str:
+    if isinstance(backend, HybridBackend):
+        return f"{backend.prefill.name}+{backend.decode.name}"
+    return backend.name
+
+
+__all__ = [
+    "AttentionBackend", "AttentionConfig", "BackendUnavailable", "ForwardBatch", "HybridBackend",
+    "BACKEND_NAMES", "backend_class", "create_backend", "describe", "resolve_name",
+]

@@ -1,0 +1,132 @@
+"""The attention-backend interface: what every backend (torch, triton, flashinfer, ...) implements.
+
+Per step the engine builds one `ForwardBatch` from the `StepPlan` (on the host, uploaded in a few
+copies) and calls, in this order:
+
+    backend.prepare(batch)                 # once per step, never inside a CUDA graph
+    for each layer: backend.forward(q, k, v, layer_id)   # inside the model forward
+
+`forward` takes this step's projected, rotary-embedded tensors
+
+    q: [T, num_qo_heads, head_dim]    k, v: [T, num_kv_heads, head_dim]   (heads per TP rank)
+
+first writes k and v into the `KVPool` at `batch.out_loc` (flat slot = page * page_size + offset),
+then attends each query token to its request's cached prefix plus the new tokens up to and
+including itself (causal), and returns [T, num_qo_heads, head_dim] in q's dtype. Requests occupy
+contiguous token ranges in plan order: request i owns tokens qo_indptr[i]:qo_indptr[i+1]. A batch
+can mix prefills, prefill chunks (cache_len > 0, several tokens) and decodes (one token);
+`is_decode` says every request feeds exactly one token, which is what decode kernels and CUDA
+graphs want. GQA: query head h reads kv head h // (num_qo_heads // num_kv_heads). Scale is
+`AttentionConfig.scale`; no sliding window, no soft-cap (none of the supported models use them).
+
+CUDA graphs (decode only, optional: `supports_cuda_graph`): the graph runner calls
+`init_cuda_graph(max_bs)` once, then for each captured batch size `prepare_for_capture(batch)`
+before capturing the model forward, and `prepare_for_replay(batch)` before each replay instead of
+`prepare`. In both, `batch` is padded to the graph's batch size: padded rows have seq_len 1,
+cache_len 0, their page-table row all `pool.dummy_page` and out_loc inside the dummy page. The
+backend copies what it needs into static buffers it owns, so that captured kernels read from
+fixed addresses.
+
+Hybrid mode (`attention.HybridBackend`) routes `is_decode` steps to one backend and the rest to
+another; both share one KVPool, so whatever one writes the other reads.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..kv_pool import KVPool
+
+
+class BackendUnavailable(RuntimeError):
+    """The named backend cannot run here (device, missing package); raised at start-up."""
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    num_qo_heads: int  # per TP rank
+    num_kv_heads: int  # per TP rank
+    head_dim: int
+    scale: float  # softmax scale, head_dim ** -0.5 for every supported model
+    page_size: int
+    max_slots: int
+    max_pages_per_seq: int
+    max_model_len: int
+    dtype: torch.dtype  # activations and KV cache
+    device: torch.device
+
+
+@dataclass
+class ForwardBatch:
+    """One step's layout. Device tensors sit on the KV pool's device; `*_host` are CPU mirrors of
+    the same values, so backends can plan (FlashInfer `plan`, grid sizes) without a device sync."""
+
+    batch_size: int  # requests B
+    num_tokens: int  # query tokens T = sum(extend_lens)
+    is_decode: bool  # every request feeds exactly one token
+    page_size: int
+    # per token [T]
+    positions: torch.Tensor  # int64: sequence index of each query token
+    out_loc: torch.Tensor  # int64: flat KV slot where this token's k/v go
+    # per request [B]
+    slots: torch.Tensor  # int64: rows of the pool's page table
+    cache_lens: torch.Tensor  # int32: tokens already in the cache before this step
+    extend_lens: torch.Tensor  # int32: query tokens this step
+    seq_lens: torch.Tensor  # int32: cache_lens + extend_lens
+    qo_indptr: torch.Tensor  # int32 [B+1]: cumulative extend_lens
+    page_table: torch.Tensor  # int32 [B, P]: the requests' page-table rows, P = ceil(max_seq/ps)
+    # host mirrors
+    cache_lens_host: list[int]
+    extend_lens_host: list[int]
+    seq_lens_host: list[int]
+    page_table_host: torch.Tensor  # int32 [B, P] on the CPU
+    max_seq_len: int
+    max_extend_len: int
+    # rows of the hidden states whose logits are computed (last token of each sampled request)
+    sample_indices: torch.Tensor  # int64 [S]
+
+    def num_pages_host(self) -> list[int]:
+        """Pages each request's KV spans after this step (FlashInfer: diff of paged_kv_indptr)."""
+        return [-(-n // self.page_size) for n in self.seq_lens_host]
+
+    def last_page_len_host(self) -> list[int]:
+        """Tokens in each request's last page (FlashInfer's paged_kv_last_page_len)."""
+        return [(n - 1) % self.page_size + 1 for n in self.seq_lens_host]
+
+
+class AttentionBackend(ABC):
+    name: ClassVar[str] = "base"
+    supports_cuda_graph: ClassVar[bool] = False
+
+    def __init__(self, config: AttentionConfig, pool: KVPool) -> None:
+        self.config, self.pool = config, pool
+
+    @classmethod
+    def check_available(cls, device: torch.device) -> None:
+        """Raise BackendUnavailable with a clear reason if this backend cannot run on `device`.
+        The default accepts any device (the torch reference backend)."""
+        return None
+
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Once per step, outside any CUDA graph: plan the step's kernels."""
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                layer_id: int) -> torch.Tensor:
+        """Store k/v at the step's out_loc in layer `layer_id`, attend, return [T, Hq, D]."""
+
+    # -- CUDA graph hooks (decode only); backends with supports_cuda_graph=True override them ---
+
+    def init_cuda_graph(self, max_bs: int) -> None:
+        raise NotImplementedError(f"attention backend {self.name!r} has no CUDA graph support")
+
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+        raise NotImplementedError(f"attention backend {self.name!r} has no CUDA graph support")
+
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+        raise NotImplementedError(f"attention backend {self.name!r} has no CUDA graph support")

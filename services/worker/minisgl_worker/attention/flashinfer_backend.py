@@ -1,0 +1,195 @@
+"""Attention through FlashInfer's paged wrappers (flashinfer-python, GPU only, imported lazily).
+
+    "flashinfer": BatchPrefillWithPagedKVCacheWrapper(backend="fa2") for prefill/extend/mixed
+                  steps; BatchDecodeWithPagedKVCacheWrapper for decode steps (tensor cores when
+                  the GQA group is >= 4, where they win).
+    "fa3":        the same wrappers with backend="fa3" (Hopper, sm_90), decode on tensor cores.
+    "trtllm":     backend="trtllm-gen" kernels, Blackwell (sm_100+) only; refused elsewhere.
+
+`plan` runs once per step in `prepare`, outside any CUDA graph, from the batch's host mirrors
+(no device sync). K/V are written to the pool with one indexed copy per layer before the kernel.
+
+CUDA graphs (decode): one decode wrapper per captured batch size, built with use_cuda_graph=True
+over static indptr / indices / last-page-len buffers shared by all of them (graphs never run
+concurrently); `prepare_for_replay` re-plans that wrapper, which refills the static buffers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from .base import AttentionBackend, BackendUnavailable, ForwardBatch
+
+_WORKSPACE_BYTES = 256 * 1024 * 1024  # FlashInfer's split-K scratch (it recommends >= 128 MB)
+
+
+def _import_flashinfer() -> Any:
+    try:
+        import flashinfer
+    except ImportError as exc:
+        raise BackendUnavailable(
+            "FlashInfer attention needs the flashinfer-python package on a CUDA machine "
+            f"({exc}); use --attention-backend triton or torch") from exc
+    return flashinfer
+
+
+def paged_kv_layout(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashInfer's CSR page layout from the host mirrors: kv_indptr [B+1], kv_indices (the used
+    prefix of each page-table row, concatenated), kv_last_page_len [B]; all int32 on the CPU."""
+    num_pages = torch.tensor(batch.num_pages_host(), dtype=torch.int32)
+    indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32)
+    torch.cumsum(num_pages, 0, out=indptr[1:])
+    cols = torch.arange(batch.page_table_host.shape[1])
+    indices = batch.page_table_host[cols[None, :] < num_pages[:, None]]
+    last = torch.tensor(batch.last_page_len_host(), dtype=torch.int32)
+    return indptr, indices.to(torch.int32), last
+
+
+class FlashInferBackend(AttentionBackend):
+    name = "flashinfer"
+    supports_cuda_graph = True
+    prefill_impl: ClassVar[str] = "fa2"
+    decode_impl: ClassVar[str] = "fa2"  # used when the decode wrapper runs on tensor cores
+    decode_tensor_cores: ClassVar[bool | None] = None  # None: by GQA group size
+    workspace_bytes: ClassVar[int] = _WORKSPACE_BYTES
+
+    @classmethod
+    def check_available(cls, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise BackendUnavailable(f"attention backend {cls.name!r} needs a CUDA device")
+        _import_flashinfer()
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        fi = self._fi = _import_flashinfer()
+        c = self.config
+        self._workspace = torch.zeros(self.workspace_bytes, dtype=torch.uint8, device=c.device)
+        group = c.num_qo_heads // c.num_kv_heads
+        tc = self.decode_tensor_cores
+        self._tensor_cores = group >= 4 if tc is None else tc
+        self._prefill = fi.BatchPrefillWithPagedKVCacheWrapper(
+            self._workspace, "NHD", backend=self.prefill_impl)
+        self._decode = self._new_decode_wrapper()
+        self._graph_wrappers: dict[int, Any] = {}
+        self._graph_bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._active: Any = None
+        self._out_loc: torch.Tensor | None = None
+
+    def _new_decode_wrapper(self, bs: int = 0) -> Any:
+        kwargs: dict[str, Any] = {"use_tensor_cores": self._tensor_cores}
+        if self._tensor_cores:
+            kwargs["backend"] = self.decode_impl
+        if bs:
+            assert self._graph_bufs is not None
+            indptr, indices, last = self._graph_bufs
+            kwargs.update(use_cuda_graph=True, paged_kv_indptr_buffer=indptr[: bs + 1],
+                          paged_kv_indices_buffer=indices,
+                          paged_kv_last_page_len_buffer=last[:bs])
+        return self._fi.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD", **kwargs)
+
+    def _plan_extra(self, batch: ForwardBatch) -> dict[str, Any]:
+        """trtllm-gen kernels read a block table and lengths instead of the CSR layout; handing
+        over ours spares FlashInfer a per-request Python loop that rebuilds them."""
+        if self.prefill_impl != "trtllm-gen":
+            return {}
+        return {"block_tables": batch.page_table,
+                "seq_lens": torch.tensor(batch.seq_lens_host, dtype=torch.int32)}
+
+    def _plan_decode(self, wrapper: Any, batch: ForwardBatch) -> None:
+        c = self.config
+        indptr, indices, last = paged_kv_layout(batch)
+        wrapper.plan(indptr, indices.to(c.device, non_blocking=True), last, c.num_qo_heads,
+                     c.num_kv_heads, c.head_dim, c.page_size, q_data_type=c.dtype,
+                     kv_data_type=c.dtype, sm_scale=c.scale, **self._plan_extra(batch))
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        c = self.config
+        self._out_loc = batch.out_loc
+        if batch.is_decode:
+            self._plan_decode(self._decode, batch)
+            self._active = self._decode
+            return
+        indptr, indices, last = paged_kv_layout(batch)
+        qo_indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32)
+        torch.cumsum(torch.tensor(batch.extend_lens_host, dtype=torch.int32), 0,
+                     out=qo_indptr[1:])
+        # causal=True aligns each request's queries to the end of its KV: new token i sees the
+        # cached prefix and new tokens up to itself, which is the extend semantics.
+        self._prefill.plan(qo_indptr, indptr, indices.to(c.device, non_blocking=True), last,
+                           c.num_qo_heads, c.num_kv_heads, c.head_dim, c.page_size,
+                           causal=False, sm_scale=c.scale, q_data_type=c.dtype,
+                           kv_data_type=c.dtype, **self._plan_extra(batch))
+        self._active = self._prefill
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                layer_id: int) -> torch.Tensor:
+        if self._active is None or self._out_loc is None:
+            raise RuntimeError(f"{type(self).__name__}.forward before prepare")
+        self.pool.store(layer_id, self._out_loc, k, v)
+        return self._active.run(q, (self.pool.k[layer_id], self.pool.v[layer_id]))
+
+    # -- CUDA graphs -----------------------------------------------------------------------------
+
+    def init_cuda_graph(self, max_bs: int) -> None:
+        c = self.config
+        self._graph_bufs = (
+            torch.zeros(max_bs + 1, dtype=torch.int32, device=c.device),
+            torch.zeros(max_bs * c.max_pages_per_seq, dtype=torch.int32, device=c.device),
+            torch.zeros(max_bs, dtype=torch.int32, device=c.device),
+        )
+
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+        if self._graph_bufs is None:
+            raise RuntimeError(f"{self.name}: init_cuda_graph must come before capture")
+        bs = batch.batch_size
+        if bs not in self._graph_wrappers:
+            self._graph_wrappers[bs] = self._new_decode_wrapper(bs)
+        self.prepare_for_replay(batch)
+
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+        wrapper = self._graph_wrappers.get(batch.batch_size)
+        if wrapper is None or not batch.is_decode:
+            raise ValueError(f"no captured decode graph for batch size {batch.batch_size}")
+        self._plan_decode(wrapper, batch)
+        self._active = wrapper
+        self._out_loc = batch.out_loc
+
+
+class FA3Backend(FlashInferBackend):
+    """FlashInfer's FlashAttention-3 kernels (Hopper)."""
+
+    name = "fa3"
+    prefill_impl = "fa3"
+    decode_impl = "fa3"
+    decode_tensor_cores = True
+
+    @classmethod
+    def check_available(cls, device: torch.device) -> None:
+        super().check_available(device)
+        major, minor = torch.cuda.get_device_capability(device)
+        if major != 9:
+            raise BackendUnavailable(
+                f"attention backend 'fa3' needs a Hopper GPU (sm_90); this one is "
+                f"sm_{major}{minor}; use flashinfer or triton")
+
+
+class TrtllmBackend(FlashInferBackend):
+    """FlashInfer's TensorRT-LLM-generated kernels; they exist for Blackwell (sm_100+) only.
+    Untested here (no Blackwell machine): no CUDA graphs until someone checks them on one."""
+
+    name = "trtllm"
+    supports_cuda_graph = False
+    prefill_impl = "trtllm-gen"
+    decode_impl = "trtllm-gen"
+    decode_tensor_cores = True
+
+    @classmethod
+    def check_available(cls, device: torch.device) -> None:
+        super().check_available(device)
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 10:
+            raise BackendUnavailable(
+                f"attention backend 'trtllm' needs a Blackwell GPU (sm_100 or newer); this one "
+                f"is sm_{major}{minor}; use flashinfer, fa3 (Hopper) or triton")

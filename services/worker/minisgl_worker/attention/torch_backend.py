@@ -1,0 +1,70 @@
+"""The reference attention backend in plain torch: runs anywhere, handles any batch.
+
+Per request it gathers the request's KV from its pages, and attends with an explicit causal mask
+offset by the cached length, so prefills, chunked prefills (cache_len > 0) and decodes all take
+the same path. It loops over requests: it is the oracle for the fast backends and the CPU path,
+not a GPU serving kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .base import AttentionBackend, ForwardBatch
+
+
+@dataclass
+class _ReqView:
+    q_start: int
+    q_end: int
+    kv_loc: torch.Tensor  # int64 [seq_len]: flat KV slots of tokens 0..seq_len-1
+    mask: torch.Tensor | None  # bool [ext, seq_len], None when a single query sees everything
+
+
+class TorchBackend(AttentionBackend):
+    name = "torch"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._batch: ForwardBatch | None = None
+        self._reqs: list[_ReqView] = []
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        self._batch = batch
+        ps = batch.page_size
+        dev = batch.page_table.device
+        self._reqs = []
+        start = 0
+        for i in range(batch.batch_size):
+            ext, seq = batch.extend_lens_host[i], batch.seq_lens_host[i]
+            pos = torch.arange(seq, device=dev)
+            pages = batch.page_table[i].to(torch.int64)[pos // ps]
+            loc = pages * ps + pos % ps
+            mask = None
+            if ext > 1:
+                q_pos = torch.arange(seq - ext, seq, device=dev)
+                mask = pos[None, :] <= q_pos[:, None]
+            self._reqs.append(_ReqView(start, start + ext, loc, mask))
+            start += ext
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                layer_id: int) -> torch.Tensor:
+        batch = self._batch
+        if batch is None:
+            raise RuntimeError("TorchBackend.forward before prepare")
+        self.pool.store(layer_id, batch.out_loc, k, v)
+        k_all, v_all = self.pool.k_flat(layer_id), self.pool.v_flat(layer_id)
+        groups = q.shape[1] // k.shape[1]
+        out = torch.empty_like(q)
+        for r in self._reqs:
+            # [heads, tokens, dim] for sdpa; GQA by repeating each kv head over its query group.
+            qr = q[r.q_start:r.q_end].transpose(0, 1)
+            kr = k_all[r.kv_loc].to(q.dtype).transpose(0, 1).repeat_interleave(groups, dim=0)
+            vr = v_all[r.kv_loc].to(q.dtype).transpose(0, 1).repeat_interleave(groups, dim=0)
+            o = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=r.mask,
+                                               scale=self.config.scale)
+            out[r.q_start:r.q_end] = o.transpose(0, 1)
+        return out

@@ -1,0 +1,143 @@
+"""Attention with the worker's own Triton kernels (triton_kernels/): split-K paged decode for
+decode-only steps, the paged extend kernel for everything else, and a Triton KV store.
+
+Runs on CUDA, or on CPU tensors under TRITON_INTERPRET=1 (tests). Decode steps can run inside a
+CUDA graph: the kernels read the page table, sequence lengths and output slots from static
+buffers that `prepare_for_replay` refills, and the split count is fixed per captured batch size
+(splits past a request's length exit at once), so one graph serves every sequence length.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .base import AttentionBackend, BackendUnavailable, ForwardBatch
+
+
+@dataclass
+class _StepMeta:
+    is_decode: bool
+    out_loc: torch.Tensor  # [T] int64
+    page_table: torch.Tensor  # [B, P] int32
+    rows: torch.Tensor  # [B] int32: the kernels' page-table rows (0..B-1 here)
+    seq_lens: torch.Tensor  # [B] int32
+    qo_indptr: torch.Tensor  # [B + 1] int32
+    cache_lens: torch.Tensor  # [B] int32
+    max_extend_len: int
+    num_splits: int
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass
+class _GraphBuffers:
+    page_table: torch.Tensor  # [max_bs, max_pages_per_seq] int32
+    seq_lens: torch.Tensor  # [max_bs] int32
+    out_loc: torch.Tensor  # [max_bs] int64
+    rows: torch.Tensor  # [max_bs] int32
+    qo_indptr: torch.Tensor  # [max_bs + 1] int32 (0..max_bs: one token per row)
+    cache_lens: torch.Tensor  # [max_bs] int32
+    partial: torch.Tensor  # flat fp32 split-K workspace, shared by every graph (never concurrent)
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+    supports_cuda_graph = True
+
+    @classmethod
+    def check_available(cls, device: torch.device) -> None:
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        if device.type != "cuda" and not interpreted:
+            raise BackendUnavailable("the triton attention backend needs a CUDA device "
+                                     "(or TRITON_INTERPRET=1 for CPU tests)")
+        try:
+            import triton  # noqa: F401
+        except ImportError as exc:
+            raise BackendUnavailable(f"the triton attention backend needs triton ({exc})") from exc
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        from ..triton_kernels import paged_decode, paged_extend, store_kv
+
+        self._decode, self._extend, self._store = paged_decode, paged_extend, store_kv
+        self._meta: _StepMeta | None = None
+        self._rows: torch.Tensor | None = None
+        self._graph: _GraphBuffers | None = None
+
+    def _arange_rows(self, n: int) -> torch.Tensor:
+        if self._rows is None or self._rows.numel() < n:
+            self._rows = torch.arange(max(n, 64), dtype=torch.int32, device=self.config.device)
+        return self._rows[:n]
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        c = self.config
+        splits = self._decode.choose_num_splits(batch.batch_size, c.num_kv_heads, batch.max_seq_len)
+        self._meta = _StepMeta(
+            is_decode=batch.is_decode, out_loc=batch.out_loc, page_table=batch.page_table,
+            rows=self._arange_rows(batch.batch_size), seq_lens=batch.seq_lens,
+            qo_indptr=batch.qo_indptr, cache_lens=batch.cache_lens,
+            max_extend_len=batch.max_extend_len, num_splits=splits)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                layer_id: int) -> torch.Tensor:
+        m = self._meta
+        if m is None:
+            raise RuntimeError("TritonBackend.forward before prepare")
+        k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
+        self._store.store_kv(k_cache, v_cache, k, v, m.out_loc)
+        if m.is_decode:
+            return self._decode.paged_decode(
+                q, k_cache, v_cache, m.page_table, m.rows, m.seq_lens, self.config.scale,
+                m.num_splits, workspace=m.workspace)
+        return self._extend.paged_extend(
+            q, k_cache, v_cache, m.page_table, m.rows, m.qo_indptr, m.cache_lens,
+            m.max_extend_len, self.config.scale)
+
+    # -- CUDA graphs -----------------------------------------------------------------------------
+
+    def _graph_splits(self, bs: int) -> int:
+        c = self.config
+        return self._decode.choose_num_splits(bs, c.num_kv_heads, c.max_model_len)
+
+    def init_cuda_graph(self, max_bs: int) -> None:
+        c, dev = self.config, self.config.device
+        partial_rows = max(bs * self._graph_splits(bs) for bs in range(1, max_bs + 1))
+        self._graph = _GraphBuffers(
+            page_table=torch.full((max_bs, c.max_pages_per_seq), self.pool.dummy_page,
+                                  dtype=torch.int32, device=dev),
+            seq_lens=torch.ones(max_bs, dtype=torch.int32, device=dev),
+            out_loc=torch.full((max_bs,), self.pool.dummy_page * c.page_size, dtype=torch.int64,
+                               device=dev),
+            rows=torch.arange(max_bs, dtype=torch.int32, device=dev),
+            qo_indptr=torch.arange(max_bs + 1, dtype=torch.int32, device=dev),
+            cache_lens=torch.zeros(max_bs, dtype=torch.int32, device=dev),
+            partial=torch.empty(partial_rows * c.num_qo_heads * (c.head_dim + 1),
+                                dtype=torch.float32, device=dev),
+        )
+
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+        self.prepare_for_replay(batch)
+
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+        g, c = self._graph, self.config
+        if g is None:
+            raise RuntimeError("TritonBackend: init_cuda_graph must come before capture/replay")
+        bs = batch.batch_size
+        if not batch.is_decode or bs > g.seq_lens.numel():
+            raise ValueError(f"CUDA graphs take decode batches of at most {g.seq_lens.numel()}")
+        pages = batch.page_table.shape[1]
+        g.page_table[:bs, :pages].copy_(batch.page_table, non_blocking=True)
+        g.seq_lens[:bs].copy_(batch.seq_lens, non_blocking=True)
+        g.out_loc[:bs].copy_(batch.out_loc, non_blocking=True)
+        splits = self._graph_splits(bs)
+        h, d = c.num_qo_heads, c.head_dim
+        n_o = bs * h * splits * d
+        part_o = g.partial[:n_o].view(bs, h, splits, d)
+        part_lse = g.partial[n_o : n_o + bs * h * splits].view(bs, h, splits)
+        self._meta = _StepMeta(
+            is_decode=True, out_loc=g.out_loc[:bs], page_table=g.page_table[:bs],
+            rows=g.rows[:bs], seq_lens=g.seq_lens[:bs], qo_indptr=g.qo_indptr[: bs + 1],
+            cache_lens=g.cache_lens[:bs], max_extend_len=1, num_splits=splits,
+            workspace=(part_o, part_lse))

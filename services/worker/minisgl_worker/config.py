@@ -1,0 +1,73 @@
+"""EngineConfig: everything the worker engine is started with (CLI flags map 1:1 onto fields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "half": torch.float16, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "fp32": torch.float32, "float": torch.float32}
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    load_format: str = "auto"  # auto | safetensors | dummy (random weights from config.json)
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    page_size: int = 16
+    num_pages: int | None = None  # None: GPU from free memory * mem_fraction; CPU from below
+    kv_cache_tokens: int = 16384  # CPU KV size when num_pages is None
+    mem_fraction: float = 0.85  # of total GPU memory the worker may use (weights + KV + rest)
+    max_slots: int = 256
+    max_model_len: int | None = None  # None: config.json max_position_embeddings
+    attention_backend: str = "auto"
+    prefill_attention_backend: str | None = None  # hybrid: overrides for prefill steps
+    decode_attention_backend: str | None = None  # hybrid: overrides for decode-only steps
+    cuda_graph_max_bs: int = 256
+    disable_cuda_graph: bool = False
+    tp_size: int = 1
+    tp_rank: int = 0
+    # torch.distributed rendezvous for TP; None: rank 0 spawns the other ranks on this host
+    dist_init_method: str | None = None
+    dummy_seed: int = 0
+    sampler_seed: int | None = None  # seeds draws for requests without a seed (None: random)
+    hf_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"num_hidden_layers": 2}
+
+    def __post_init__(self) -> None:
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.page_size < 1 or self.max_slots < 1:
+            raise ValueError("page_size and max_slots must be >= 1")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ValueError("num_pages must be >= 1")
+        if not 0.0 < self.mem_fraction <= 1.0:
+            raise ValueError("mem_fraction must be in (0, 1]")
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(f"tp_rank={self.tp_rank} must be in [0, tp_size={self.tp_size})")
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dev = torch.device(self.device)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("device=cuda asked for, but torch sees no CUDA device")
+            if dev.index is None:  # one process per TP rank, one GPU each
+                dev = torch.device("cuda", self.tp_rank % torch.cuda.device_count())
+        return dev
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return DTYPES[self.dtype]
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,89 @@
+"""Tensor parallelism: the process group, the collectives the layers use, and plan broadcast.
+
+One process per rank. Rank 0 is the one the scheduler talks to: it validates each StepPlan and
+broadcasts it to the other ranks over a gloo group (plans are small Python objects), then every
+rank runs the same forward. Model collectives (all-reduce after row-parallel layers, all-gather
+of vocab-parallel logits) go over NCCL on GPU and gloo on CPU.
+With tp_size == 1 every collective is a no-op and torch.distributed is never initialised.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class TPState:
+    rank: int = 0
+    size: int = 1
+    group: Any = None  # model collectives (NCCL on GPU, gloo on CPU)
+    cpu_group: Any = None  # gloo: plan broadcast
+
+
+_TP = TPState()
+
+
+def tp() -> TPState:
+    return _TP
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_tp(rank: int, size: int, init_method: str, device: torch.device) -> TPState:
+    global _TP
+    if size == 1:
+        _TP = TPState()
+        return _TP
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size)
+    cpu_group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    _TP = TPState(rank, size, dist.group.WORLD, cpu_group)
+    return _TP
+
+
+def destroy_tp() -> None:
+    global _TP
+    if _TP.size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+    _TP = TPState()
+
+
+def shard(n: int, what: str) -> int:
+    """This rank's share of a dimension that TP splits evenly."""
+    size = _TP.size
+    if n % size:
+        raise ValueError(f"{what}={n} is not divisible by tp_size={size}")
+    return n // size
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    if _TP.size > 1:
+        dist.all_reduce(x, group=_TP.group)
+    return x
+
+
+def all_gather_last(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate each rank's x along the last dim, in rank order."""
+    if _TP.size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(_TP.size)]
+    dist.all_gather(parts, x.contiguous(), group=_TP.group)
+    return torch.cat(parts, dim=-1)
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (others pass anything)."""
+    if _TP.size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=_TP.cpu_group)
+    return box[0]

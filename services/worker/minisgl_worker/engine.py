@@ -1,0 +1,265 @@
+"""The worker engine: runs StepPlans on the model and returns sampled tokens.
+
+Per step: the plan becomes a ForwardBatch (host work, one upload), decode rows take their input
+from the slot's token future (`last_tokens`, written by an earlier step's sampler, on the device),
+the model runs, logits are computed only for the last token of each sampling request, the sampler
+draws, and the tokens are copied to pinned host memory behind an event. `launch` does all of this
+without waiting for the device; `collect` waits for the oldest step's event. So step N+1 can be
+launched (and queued on the GPU) before step N's tokens are read: overlap scheduling.
+
+With tensor parallelism this object is rank 0: it validates each plan, broadcasts it, and every
+rank runs the same step (see tp_workers.py for the other ranks).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from minisgl_core.step import StepExecutor, StepOutput, StepPlan, TopLogprobs, WorkerInfo
+
+from . import distributed as dist
+from .attention import AttentionConfig, create_backend, describe
+from .batch import DeviceStep, InvalidPlan, PlanBuilder
+from .config import EngineConfig
+from .kv_pool import KVPool
+from .loader import load_model
+from .model_config import ModelConfig
+from .sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _InFlight:
+    step_id: int
+    rids: list[int]
+    tokens: torch.Tensor | None  # host (pinned on CUDA) int64 [S]
+    logprobs: torch.Tensor | None
+    top_ids: torch.Tensor | None
+    top_logprobs: torch.Tensor | None
+    want_logprobs: bool
+    done: torch.cuda.Event | None
+    started: float
+    host_ms: float
+
+
+class Engine(StepExecutor):
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = config.torch_device()
+        self.dtype = config.torch_dtype(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self._followers = None
+        if config.tp_size > 1:
+            from .tp_workers import init_rank
+
+            self._followers = init_rank(config, self.device)
+        self.model_config = mc = ModelConfig.load(config.model_path, config.hf_overrides)
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        if mc.sliding_window and mc.sliding_window < self.max_model_len:
+            log.warning("sliding-window attention is not implemented: capping max_model_len "
+                        "at the window (%d)", mc.sliding_window)
+            self.max_model_len = mc.sliding_window
+        load_format = "safetensors" if config.load_format == "auto" else config.load_format
+        t0 = time.perf_counter()
+        self.model = load_model(config.model_path, mc, load_format, self.max_model_len,
+                                self.device, self.dtype, config.dummy_seed)
+        log.info("model %s loaded (%s, %s) in %.1fs", mc.architecture, self.dtype, load_format,
+                 time.perf_counter() - t0)
+        tp = config.tp_size
+        heads, kv_heads = dist.shard(mc.num_heads, "heads"), dist.shard(mc.num_kv_heads, "kv heads")
+        self.num_pages = self._size_kv(kv_heads)
+        self.max_pages_per_seq = -(-self.max_model_len // config.page_size)
+        self.pool = KVPool(mc.num_layers, self.num_pages, config.page_size, kv_heads, mc.head_dim,
+                           self.dtype, self.device, config.max_slots, self.max_pages_per_seq)
+        attn_cfg = AttentionConfig(heads, kv_heads, mc.head_dim, mc.head_dim ** -0.5,
+                                   config.page_size, config.max_slots, self.max_pages_per_seq,
+                                   self.max_model_len, self.dtype, self.device)
+        self.backend = create_backend(config.attention_backend, attn_cfg, self.pool,
+                                      config.prefill_attention_backend,
+                                      config.decode_attention_backend)
+        seed = config.sampler_seed
+        if tp > 1:  # ranks must draw alike: the same logits and the same seeds
+            seed = dist.broadcast_object(seed if seed is not None else
+                                         int(torch.randint(0, 2**62, (1,))))
+        self.sampler = Sampler(config.max_slots, mc.vocab_size, self.device,
+                               eos_token_ids=mc.eos_token_ids, seed=seed)
+        self.builder = PlanBuilder(config.max_slots, self.max_pages_per_seq, self.num_pages,
+                                   config.page_size, self.max_model_len, mc.vocab_size,
+                                   self.device)
+        self.last_tokens = torch.zeros(config.max_slots, dtype=torch.int64, device=self.device)
+        self.graph_runner = self._make_graph_runner()
+        self._inflight: deque[_InFlight] = deque()
+        self._closed = False
+        log.info("KV cache: %d pages x %d tokens (%.2f GiB), backend %s, device %s",
+                 self.num_pages, config.page_size, self.pool.memory_bytes() / 2**30,
+                 describe(self.backend), self.device)
+
+    # -- start-up helpers -------------------------------------------------------------------------
+
+    def _size_kv(self, kv_heads: int) -> int:
+        cfg, mc = self.config, self.model_config
+        if cfg.num_pages is not None:
+            return cfg.num_pages
+        if self.device.type != "cuda":
+            return max(1, -(-cfg.kv_cache_tokens // cfg.page_size))
+        per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim,
+                                         self.dtype)
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = total * cfg.mem_fraction - (total - free)
+        pages = torch.tensor([int(budget // per_page)], device=self.device)
+        if cfg.tp_size > 1:  # every rank must hold the same pages
+            torch.distributed.all_reduce(pages, op=torch.distributed.ReduceOp.MIN)
+        n = int(pages.item())
+        if n < 1:
+            raise RuntimeError(f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} "
+                               f"GiB); raise --mem-fraction or use more GPUs (TP)")
+        return n
+
+    def _make_graph_runner(self) -> object | None:
+        cfg = self.config
+        if (self.device.type != "cuda" or cfg.disable_cuda_graph
+                or not getattr(self.backend, "supports_cuda_graph", False)):
+            return None
+        try:
+            from .cuda_graph import CudaGraphRunner  # type: ignore[import-not-found]
+        except ImportError:
+            log.info("CUDA graphs: no runner in this build; running eagerly")
+            return None
+        return CudaGraphRunner(self.model, self.backend, self.pool, cfg.cuda_graph_max_bs)
+
+    # -- StepExecutor -----------------------------------------------------------------------------
+
+    def info(self) -> WorkerInfo:
+        mc = self.model_config
+        return WorkerInfo(
+            model_name=Path(self.config.model_path).name, num_pages=self.num_pages,
+            page_size=self.config.page_size, max_model_len=self.max_model_len,
+            max_slots=self.config.max_slots, vocab_size=mc.vocab_size,
+            eos_token_ids=list(mc.eos_token_ids), tp_size=self.config.tp_size,
+            device=str(self.device), attention_backend=describe(self.backend))
+
+    def launch(self, plan: StepPlan) -> None:
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        self.builder.validate(plan)
+        if self.config.tp_size > 1:
+            dist.broadcast_object(plan)
+        self._inflight.append(self.run_step(plan))
+
+    def collect(self) -> StepOutput:
+        if not self._inflight:
+            raise RuntimeError("collect() without a launched step")
+        f = self._inflight.popleft()
+        if f.done is not None:
+            f.done.synchronize()
+        out = StepOutput(step_id=f.step_id, rids=f.rids)
+        out.forward_ms = (time.perf_counter() - f.started) * 1e3 if f.done else f.host_ms
+        if f.tokens is None:
+            return out
+        out.token_ids = f.tokens.tolist()
+        if f.want_logprobs and f.logprobs is not None:
+            out.logprobs = f.logprobs.tolist()
+            if f.top_ids is not None and f.top_logprobs is not None:
+                out.top_logprobs = [TopLogprobs(i, p) for i, p in
+                                    zip(f.top_ids.tolist(), f.top_logprobs.tolist(), strict=True)]
+        return out
+
+    def step(self, plan: StepPlan) -> StepOutput:
+        """launch + collect (tests, and callers without overlap)."""
+        self.launch(plan)
+        return self.collect()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._inflight.clear()
+        if self._followers is not None:
+            from .tp_workers import stop_followers
+
+            stop_followers(self._followers)
+            self._followers = None
+
+    # -- one step on this rank --------------------------------------------------------------------
+
+    def forward_logits(self, plan: StepPlan) -> torch.Tensor:
+        """Run `plan` like a step (KV written, futures read) but return the fp32 logits of every
+        input token, [T, vocab], instead of sampling. For tests and scoring; waits for the
+        result, so do not interleave it with in-flight steps."""
+        if self._inflight:
+            raise RuntimeError("forward_logits with steps in flight")
+        self.builder.validate(plan)
+        if self.config.tp_size > 1:
+            dist.broadcast_object(("logits", plan))
+        return self.run_logits(plan)
+
+    @torch.inference_mode()
+    def run_logits(self, plan: StepPlan) -> torch.Tensor:
+        step = self._upload(plan)
+        return self.model.compute_logits(self._forward(step))
+
+    @torch.inference_mode()
+    def run_step(self, plan: StepPlan) -> _InFlight:
+        """Build and queue the step's work on this rank (the plan is already validated)."""
+        started = time.perf_counter()
+        for r in plan.reqs:
+            if r.sampling is not None:
+                self.sampler.set_slot(r.slot, r.sampling, r.history_ids)
+            if r.input_ids:
+                self.sampler.observe_inputs(r.slot, r.input_ids)
+        step = self._upload(plan)
+        rids = step.sample_rids
+        if not plan.reqs:
+            return _InFlight(plan.step_id, [], None, None, None, None, False, None, started, 0.0)
+        hidden = self._forward(step)
+        tokens = logprobs = top_ids = top_lp = None
+        want = False
+        if rids:
+            logits = self.model.compute_logits(hidden[step.batch.sample_indices])
+            out = self.sampler.sample(logits, step.sample_slots, step.sample_positions,
+                                      host_slots=step.sample_slots_host)
+            self.last_tokens[step.sample_slots] = out.token_ids
+            want = out.logprobs is not None
+            tokens, logprobs = self._to_host(out.token_ids), self._to_host(out.logprobs)
+            top_ids, top_lp = self._to_host(out.top_ids), self._to_host(out.top_logprobs)
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        host_ms = (time.perf_counter() - started) * 1e3
+        return _InFlight(plan.step_id, rids, tokens, logprobs, top_ids, top_lp, want, done,
+                         started, host_ms)
+
+    def _upload(self, plan: StepPlan) -> DeviceStep:
+        """Host mirrors -> device: the step's metadata, page-table writes, decode inputs."""
+        step, page_writes = self.builder.build(plan)
+        if page_writes.shape[1]:
+            w = torch.from_numpy(page_writes).to(self.device, non_blocking=True)
+            self.pool.page_table[w[0], w[1]] = w[2].int()
+        if step.decode_count:
+            step.input_ids[step.decode_index] = self.last_tokens[step.decode_slots]
+        return step
+
+    def _forward(self, step: DeviceStep) -> torch.Tensor:
+        batch = step.batch
+        runner = self.graph_runner
+        if runner is not None and runner.can_run(batch):  # type: ignore[attr-defined]
+            return runner.run(step.input_ids, batch)  # type: ignore[attr-defined]
+        self.backend.prepare(batch)
+        return self.model(step.input_ids, batch.positions, self.backend)
+
+    def _to_host(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        if x is None or self.device.type != "cuda":
+            return x
+        buf = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        return buf.copy_(x, non_blocking=True)
+
+
+__all__ = ["Engine", "EngineConfig", "InvalidPlan"]

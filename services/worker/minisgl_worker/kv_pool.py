@@ -1,0 +1,69 @@
+"""The paged KV cache and the per-slot page table, owned by the worker.
+
+Layout (FlashInfer "NHD"; the Triton and FlashInfer backends assume exactly this):
+
+    k[layer], v[layer]: [num_pages, page_size, num_kv_heads, head_dim]
+    page_table:         [max_slots, max_pages_per_seq] int32
+
+Token `i` of the request in slot `s` lives at page `page_table[s, i // page_size]`, offset
+`i % page_size`; its flat location `page * page_size + offset` indexes the views returned by
+`k_flat(layer)` / `v_flat(layer)` ([num_pages * page_size, num_kv_heads, head_dim]).
+The scheduler owns which pages and slots are in use; this class only holds the tensors.
+
+One extra page, `dummy_page` (= num_pages), is allocated past the scheduler's pages: padded rows
+of a CUDA-graph batch point there, so their KV writes can never touch a live request's page.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_slots: int,
+        max_pages_per_seq: int,
+    ) -> None:
+        if min(num_layers, num_pages, page_size, num_kv_heads, head_dim, max_slots,
+               max_pages_per_seq) <= 0:
+            raise ValueError("every KVPool dimension must be positive")
+        self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.dtype, self.device = dtype, torch.device(device)
+        self.max_slots, self.max_pages_per_seq = max_slots, max_pages_per_seq
+        self.dummy_page = num_pages
+        shape = (num_pages + 1, page_size, num_kv_heads, head_dim)
+        # One allocation per layer and kind (not one big tensor) so that each is contiguous and
+        # can be handed to kernels as is.
+        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.page_table = torch.zeros(max_slots, max_pages_per_seq, dtype=torch.int32,
+                                      device=self.device)
+
+    @staticmethod
+    def bytes_per_page(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * page_size * num_kv_heads * head_dim * elem
+
+    def k_flat(self, layer: int) -> torch.Tensor:
+        return self.k[layer].view(-1, self.num_kv_heads, self.head_dim)
+
+    def v_flat(self, layer: int) -> torch.Tensor:
+        return self.v[layer].view(-1, self.num_kv_heads, self.head_dim)
+
+    def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k, v [T, num_kv_heads, head_dim] at flat locations `loc` [T] (int64)."""
+        self.k_flat(layer)[loc] = k.to(self.dtype)
+        self.v_flat(layer)[loc] = v.to(self.dtype)
+
+    def memory_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -1,0 +1,46 @@
+"""Vocabulary-parallel embedding and LM head: each rank holds a contiguous block of vocab rows.
+
+The vocabulary is padded to a multiple of tp_size; padded rows are zero and their logits are cut
+off after the all-gather.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distributed import all_gather_last, all_reduce, tp
+from .weights import WeightSource, check_shape, new_param, read, set_loader, src_shape
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, dim: int) -> None:
+        super().__init__()
+        size = tp().size
+        self.vocab_size, self.dim = vocab_size, dim
+        self.local = -(-vocab_size // size)
+        self.start = tp().rank * self.local
+        self.weight = set_loader(new_param(self.local, dim), self._load)
+
+    def _load(self, param: nn.Parameter, src: WeightSource, shard_id: object = None) -> None:
+        check_shape("an embedding / lm_head", src_shape(src), (self.vocab_size, self.dim))
+        n = max(0, min(self.local, self.vocab_size - self.start))
+        param.data.zero_()
+        if n:
+            param.data[:n].copy_(read(src, 0, self.start, n))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if tp().size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.local)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return all_reduce(out.masked_fill(outside[:, None], 0))
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        """[N, H] -> fp32 logits [N, vocab] (the full vocabulary on every rank)."""
+        logits = all_gather_last(F.linear(hidden, self.weight))
+        return logits[:, : self.vocab_size].float()

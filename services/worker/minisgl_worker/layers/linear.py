@@ -1,0 +1,67 @@
+"""Linear layers split for tensor parallelism (Megatron style).
+
+ColumnParallelLinear splits output features: each rank holds its rows of every packed sub-matrix
+(q|k|v or gate|up), so no communication is needed after it. RowParallelLinear splits input
+features and all-reduces the partial sums; its bias is added once, after the reduction.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distributed import all_reduce, shard, tp
+from .weights import WeightSource, check_shape, default_loader, new_param, read, set_loader, src_shape
+
+
+class ReplicatedLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = set_loader(new_param(out_features, in_features), default_loader)
+        self.bias = set_loader(new_param(out_features), default_loader) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(nn.Module):
+    """out = x @ [W_0; W_1; ...]^T with each W_i (full size out_sizes[i]) split by rank.
+    Checkpoint tensors load one at a time with shard_id = i (0 when there is a single one)."""
+
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool = False) -> None:
+        super().__init__()
+        self.full_sizes = list(out_sizes)
+        self.local_sizes = [shard(n, "output features") for n in out_sizes]
+        self.offsets = [sum(self.local_sizes[:i]) for i in range(len(out_sizes))]
+        out_local = sum(self.local_sizes)
+        self.weight = set_loader(new_param(out_local, in_features), self._load)
+        self.bias = set_loader(new_param(out_local), self._load) if bias else None
+
+    def _load(self, param: nn.Parameter, src: WeightSource, shard_id: int | None = None) -> None:
+        i = shard_id or 0
+        want = (self.full_sizes[i], *param.shape[1:])
+        check_shape(f"packed part {i}", src_shape(src), want)
+        n = self.local_sizes[i]
+        param.data.narrow(0, self.offsets[i], n).copy_(read(src, 0, tp().rank * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.in_local = shard(in_features, "input features")
+        self.in_features = in_features
+        self.weight = set_loader(new_param(out_features, self.in_local), self._load)
+        self.bias = set_loader(new_param(out_features), default_loader) if bias else None
+
+    def _load(self, param: nn.Parameter, src: WeightSource, shard_id: object = None) -> None:
+        check_shape("a row-parallel weight", src_shape(src), (param.shape[0], self.in_features))
+        n = self.in_local
+        param.data.copy_(read(src, 1, tp().rank * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = all_reduce(F.linear(x, self.weight))
+        return out + self.bias if self.bias is not None else out

@@ -1,0 +1,55 @@
+"""The Qwen3-MoE sparse block: softmax router, top-k experts, optional renormalisation.
+
+Experts are stored stacked, in the layout `fused_moe` takes:
+    w13 [E, 2 * I_local, H]  (gate rows, then up rows)    w2 [E, H, I_local]
+TP splits each expert's intermediate dimension (I_local = I / tp), like a dense MLP, and the
+partial outputs are all-reduced. The expert computation goes through `self.experts_fn`
+(default `fused_moe.fused_moe`: grouped Triton GEMMs on CUDA, a per-expert torch loop on CPU);
+assign another function with the same signature to plug in a different kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..distributed import all_reduce, shard, tp
+from ..fused_moe import fused_moe, route
+from .linear import ReplicatedLinear
+from .weights import WeightSource, check_shape, new_param, read, set_loader, src_shape
+
+ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                     torch.Tensor]
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                 norm_topk_prob: bool) -> None:
+        super().__init__()
+        self.num_experts, self.top_k, self.norm_topk_prob = num_experts, top_k, norm_topk_prob
+        self.hidden_size, self.inter = hidden_size, intermediate_size
+        self.inter_local = shard(intermediate_size, "moe_intermediate_size")
+        self.gate = ReplicatedLinear(hidden_size, num_experts)  # the router
+        self.w13 = set_loader(new_param(num_experts, 2 * self.inter_local, hidden_size),
+                              self._load_w13)
+        self.w2 = set_loader(new_param(num_experts, hidden_size, self.inter_local), self._load_w2)
+        self.experts_fn: ExpertsFn = fused_moe
+
+    def _load_w13(self, param: nn.Parameter, src: WeightSource, shard_id: tuple[int, int]) -> None:
+        """shard_id = (expert, 0 for gate_proj | 1 for up_proj); src [I, H]."""
+        expert, which = shard_id
+        check_shape("an expert gate/up_proj", src_shape(src), (self.inter, self.hidden_size))
+        n = self.inter_local
+        param.data[expert].narrow(0, which * n, n).copy_(read(src, 0, tp().rank * n, n))
+
+    def _load_w2(self, param: nn.Parameter, src: WeightSource, shard_id: tuple[int, int]) -> None:
+        """shard_id = (expert, 0); src down_proj [H, I]."""
+        check_shape("an expert down_proj", src_shape(src), (self.hidden_size, self.inter))
+        n = self.inter_local
+        param.data[shard_id[0]].copy_(read(src, 1, tp().rank * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.norm_topk_prob)
+        return all_reduce(self.experts_fn(x, self.w13, self.w2, ids, weights))

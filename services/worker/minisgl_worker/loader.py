@@ -1,0 +1,104 @@
+"""Building a model and filling its weights: from a HF safetensors checkpoint, or dummy.
+
+Checkpoints: `model.safetensors.index.json` + shards, or any `*.safetensors` files. Each shard is
+opened on the target device and each tensor read through a slice, so a TP rank reads only its
+part and host memory never holds more than one tensor. The dummy format needs config.json only:
+real shapes, random weights (normal, std 0.02; norm scales 1) from `dummy_seed`, for benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .model_config import ModelConfig
+from .models import CausalLM, model_class
+
+log = logging.getLogger(__name__)
+DUMMY_STD = 0.02
+
+
+@contextmanager
+def _defaults(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def build_model(cfg: ModelConfig, max_positions: int, device: torch.device,
+                dtype: torch.dtype) -> CausalLM:
+    """The model with uninitialised weights, allocated on `device` (may be "meta")."""
+    cls = model_class(cfg.architecture)
+    with _defaults(device, dtype):
+        model = cls(cfg, max_positions)
+    return model.eval().requires_grad_(False)
+
+
+def checkpoint_files(model_path: str | Path) -> list[Path]:
+    root = Path(model_path)
+    index = root / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [root / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:
+            raise FileNotFoundError(f"shards named in {index} are missing: {missing}")
+        return files
+    return sorted(root.glob("*.safetensors"))
+
+
+def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -> None:
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for path in files:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                target = model.weight_target(name)
+                if target is None:
+                    continue
+                pname, shard_id = target
+                param = params.get(pname)
+                if param is None:
+                    log.warning("checkpoint tensor %s matches no parameter; skipped", name)
+                    continue
+                param.weight_loader(param, f.get_slice(name), shard_id)  # type: ignore[attr-defined]
+                loaded.add(pname)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} parameters, e.g. {missing[:5]}")
+
+
+def init_dummy(model: CausalLM, seed: int) -> None:
+    params = list(model.named_parameters())
+    if not params or params[0][1].device.type == "meta":
+        return
+    gen = torch.Generator(device=params[0][1].device).manual_seed(seed)
+    for name, p in params:
+        if name.endswith("norm.weight"):
+            p.data.fill_(1.0)
+        else:
+            p.data.normal_(0.0, DUMMY_STD, generator=gen)
+
+
+def load_model(model_path: str | Path, cfg: ModelConfig, load_format: str, max_positions: int,
+               device: torch.device, dtype: torch.dtype, dummy_seed: int = 0) -> CausalLM:
+    model = build_model(cfg, max_positions, device, dtype)
+    if load_format == "dummy":
+        init_dummy(model, dummy_seed)
+        return model
+    files = checkpoint_files(model_path)
+    if not files:
+        raise FileNotFoundError(
+            f"no *.safetensors in {model_path}; pass --load-format dummy for random weights")
+    load_safetensors(model, files, device)
+    return model

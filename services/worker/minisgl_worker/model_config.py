@@ -1,0 +1,107 @@
+"""The parts of a HF `config.json` the models read, normalised across transformers versions.
+
+Public checkpoints write `rope_theta` / `rope_scaling` and `num_experts`; configs saved by
+transformers 5 write `rope_parameters` and may write `num_local_experts`. Both are accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None  # None or {"rope_type": "llama3", ...}
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    eos_token_ids: list[int]
+    torch_dtype: str | None
+    sliding_window: int | None  # only when the model really uses one (Mistral v0.1)
+    # mixture of experts (Qwen3-MoE); num_experts == 0 for dense models
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % max(1, self.decoder_sparse_step) == 0)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        archs = d.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json has no 'architectures' entry")
+        rope = dict(d.get("rope_parameters") or {})
+        theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
+        scaling = d.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
+                                            if rope else None)
+        if scaling is not None:
+            scaling = dict(scaling)
+            kind = scaling.get("rope_type", scaling.get("type", "default"))
+            scaling["rope_type"] = kind
+            if kind == "default":
+                scaling = None
+        heads = d["num_attention_heads"]
+        eos = d.get("eos_token_id")
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        uses_window = d.get("use_sliding_window", True) and d.get("sliding_window")
+        return cls(
+            architecture=archs[0],
+            hidden_size=d["hidden_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            intermediate_size=d.get("intermediate_size", 0),
+            vocab_size=d["vocab_size"],
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            max_position_embeddings=d.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=bool(d.get("attention_bias", False)),
+            eos_token_ids=[int(x) for x in eos_ids],
+            torch_dtype=d.get("torch_dtype", d.get("dtype")),
+            sliding_window=int(uses_window) if uses_window else None,
+            num_experts=d.get("num_experts") or d.get("num_local_experts") or 0,
+            num_experts_per_tok=d.get("num_experts_per_tok", 0),
+            moe_intermediate_size=d.get("moe_intermediate_size", 0),
+            norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+            decoder_sparse_step=d.get("decoder_sparse_step", 1) or 1,
+            mlp_only_layers=list(d.get("mlp_only_layers") or []),
+            raw=d,
+        )
+
+    @classmethod
+    def load(cls, model_path: str | Path, overrides: dict[str, Any] | None = None) -> ModelConfig:
+        path = Path(model_path) / "config.json"
+        if not path.exists():
+            raise FileNotFoundError(f"no config.json in {model_path}")
+        d = json.loads(path.read_text())
+        d.update(overrides or {})
+        cfg = cls.from_dict(d)
+        # generation_config.json often lists more end tokens (Llama 3 instruct: eot_id).
+        gen = Path(model_path) / "generation_config.json"
+        if gen.exists():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            extra = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+            cfg.eos_token_ids = sorted({*cfg.eos_token_ids, *map(int, extra)})
+        return cfg

@@ -1,0 +1,27 @@
+"""Model classes by HF `architectures[0]`."""
+
+from __future__ import annotations
+
+from .decoder import CausalLM
+from .llama import LlamaForCausalLM, MistralForCausalLM
+from .qwen2 import Qwen2ForCausalLM
+from .qwen3 import Qwen3ForCausalLM
+from .qwen3_moe import Qwen3MoeForCausalLM
+
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+}
+
+
+def model_class(architecture: str) -> type[CausalLM]:
+    if architecture not in MODEL_REGISTRY:
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: "
+                         f"{', '.join(sorted(MODEL_REGISTRY))}")
+    return MODEL_REGISTRY[architecture]
+
+
+__all__ = ["CausalLM", "MODEL_REGISTRY", "model_class"]

@@ -1,0 +1,112 @@
+"""The decoder-only transformer every supported architecture shares.
+
+embed -> N x [RMSNorm -> attention -> residual -> RMSNorm -> MLP/MoE -> residual] -> RMSNorm
+-> LM head. Architectures differ only in small switches (QKV bias, per-head q/k norm, the MLP
+kind), set by the subclasses in llama.py, qwen2.py, qwen3.py and qwen3_moe.py. Parameter names
+follow the HF checkpoints, except for packed ones (qkv_proj, gate_up_proj, MoE w13/w2), which
+`weight_target` maps.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..attention.base import AttentionBackend
+from ..layers.attention import SelfAttention
+from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from ..layers.mlp import GatedMLP
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+from ..model_config import ModelConfig
+
+# HF name of a packed part -> (our packed module, shard id)
+_PACKED = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+_PACKED_RE = re.compile(r"^(.*\.)(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, mlp: nn.Module,
+                 qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(
+            layer_id, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, rotary,
+            qkv_bias=qkv_bias, qk_norm_eps=cfg.rms_norm_eps if qk_norm else None)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = mlp
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(positions, h, attn)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, layers: list[DecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attn: AttentionBackend) -> torch.Tensor:
+        h, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            h, residual = layer(positions, h, residual, attn)
+        assert residual is not None
+        return self.norm.add_forward(h, residual)[0]
+
+
+class CausalLM(nn.Module):
+    """Subclasses set the switches and, when needed, `make_mlp` / `weight_target`."""
+
+    qkv_bias: ClassVar[bool] = False
+    qk_norm: ClassVar[bool] = False
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta,
+                                      cfg.rope_scaling)
+        layers = [DecoderLayer(cfg, i, self.rotary, self.make_mlp(cfg, i), self.qkv_bias,
+                               self.qk_norm) for i in range(cfg.num_layers)]
+        self.model = DecoderModel(cfg, layers)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def make_mlp(self, cfg: ModelConfig, layer_id: int) -> nn.Module:
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attn: AttentionBackend) -> torch.Tensor:
+        """input_ids, positions [T] -> final hidden states [T, H] (normed)."""
+        return self.model(input_ids, positions, attn)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, H] -> fp32 logits [N, vocab]."""
+        return self.lm_head(hidden)
+
+    def weight_target(self, name: str) -> tuple[str, Any] | None:
+        """Checkpoint tensor name -> (our parameter name, shard id), or None to skip it."""
+        if "rotary_emb" in name:
+            return None
+        if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+            return None  # some tied checkpoints store a copy; the embedding is the source
+        m = _PACKED_RE.match(name)
+        if m:
+            packed, shard_id = _PACKED[m.group(2)]
+            return f"{m.group(1)}{packed}.{m.group(3)}", shard_id
+        return name, None

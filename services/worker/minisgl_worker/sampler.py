@@ -1,0 +1,262 @@
+"""Batched sampling on the device, with per-slot parameters and penalty state.
+
+Per-request parameters live in device tensors indexed by slot; `set_slot` writes a host mirror and
+marks the slot dirty, and the next `sample` uploads every dirty row at once (a few copies per step
+rather than a dozen tiny ones per request). The hot path is whole-batch tensor ops: no Python loop
+over requests and no device->host read. Which processors run is decided on the host from the
+mirror (a batch without top-p never sorts; one without penalties never reads the count tensors).
+
+Order of processing, per row: repetition penalty (HF, prompt + output tokens) -> presence and
+frequency penalties (OpenAI, output tokens only) -> stop tokens masked until min_tokens ->
+greedy argmax, or temperature -> top-k -> top-p -> min-p -> exponential race with hash noise
+keyed by (seed, position, token) (see `sampling_kernels`). A request without a seed gets one drawn
+from the sampler's global generator when it (re)starts, so it is random across requests but each
+draw is still one formula.
+
+Logprobs follow vLLM's default: the log-softmax of the raw model logits, before penalties,
+temperature and filtering (the processed distribution is ill-defined for greedy rows and
+truncated tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from minisgl_core.sampling import SamplingParams
+
+from . import sampling_kernels as ops
+
+# Columns of the float / int parameter tables.
+_TEMP, _TOP_P, _MIN_P, _REP, _PRES, _FREQ = range(6)
+_TOP_K, _SEED, _MIN_TOKENS, _LOGPROBS, _TOP_LOGPROBS = range(5)
+
+
+@dataclass(slots=True)
+class SampleOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None = None  # [B] float32, when some request asked
+    top_ids: torch.Tensor | None = None  # [B, K] int64, K = max top_logprobs of the batch
+    top_logprobs: torch.Tensor | None = None  # [B, K] float32, sorted descending
+
+
+class Sampler:
+    def __init__(self, max_slots: int, vocab_size: int, device: torch.device,
+                 eos_token_ids: Sequence[int] = (), seed: int | None = None) -> None:
+        self.max_slots, self.vocab_size, self.device = max_slots, vocab_size, torch.device(device)
+        self.eos_token_ids = [int(t) for t in eos_token_ids]
+        self._check_ids(self.eos_token_ids, "eos_token_ids")
+        self._gen = torch.Generator()
+        if seed is None:
+            self._gen.seed()
+        else:
+            self._gen.manual_seed(seed)
+        # Host mirrors; neutral values make an unset slot a plain greedy one.
+        self._hf = torch.zeros(max_slots, 6, dtype=torch.float32)
+        self._hf[:, [_TOP_P, _REP]] = 1.0
+        self._hi = torch.zeros(max_slots, 5, dtype=torch.int64)
+        self._h_stop = torch.full((max_slots, 1), -1, dtype=torch.int64)
+        self._h_out_len = torch.zeros(max_slots, dtype=torch.int64)
+        self._df = self._hf.to(self.device)
+        self._di = self._hi.to(self.device)
+        self._d_stop = self._h_stop.to(self.device)
+        self._d_out_len = torch.zeros(max_slots, dtype=torch.int64, device=self.device)
+        # Penalty state, allocated on first use: [max_slots, V] is large for big vocabularies.
+        self._seen: torch.Tensor | None = None  # bool: prompt + output tokens (repetition)
+        self._counts: torch.Tensor | None = None  # int32: output token counts (presence/freq)
+        self._tok_hash: torch.Tensor | None = None
+        # Work queued by set_slot / observe_inputs for the next upload.
+        self._dirty: set[int] = set()
+        self._rep_slots: set[int] = set()  # slots whose request uses the repetition penalty
+        self._pending_seen: dict[int, list[int]] = {}
+
+    # -- per-request state (host side, cheap) ----------------------------------------------------
+
+    def set_slot(self, slot: int, params: SamplingParams, history_ids: Sequence[int] = ()) -> None:
+        """A request (re)starts in `slot`: its parameters, and the cached tokens the repetition
+        penalty must count (prefix hits, recomputation) that will not pass `observe_inputs`."""
+        self._check_slot(slot)
+        stops = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
+        self._check_ids(stops, "stop_token_ids")
+        seed = params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._gen))
+        elif not 0 <= seed < 2**63:
+            raise ValueError("seed must be in [0, 2**63)")
+        self._hf[slot] = torch.tensor([params.temperature, params.top_p, params.min_p,
+                                       params.repetition_penalty, params.presence_penalty,
+                                       params.frequency_penalty])
+        self._hi[slot] = torch.tensor([params.top_k, seed, params.min_tokens, int(params.logprobs),
+                                       params.top_logprobs if params.logprobs else 0])
+        if len(stops) > self._h_stop.shape[1]:
+            grown = torch.full((self.max_slots, len(stops)), -1, dtype=torch.int64)
+            grown[:, : self._h_stop.shape[1]] = self._h_stop
+            self._h_stop = grown
+        self._h_stop[slot] = -1
+        self._h_stop[slot, : len(stops)] = torch.tensor(stops, dtype=torch.int64)
+        self._h_out_len[slot] = 0
+        self._dirty.add(slot)
+        self._pending_seen.pop(slot, None)
+        self._rep_slots.discard(slot)
+        if params.repetition_penalty != 1.0:
+            self._rep_slots.add(slot)
+            if self._seen is None:
+                self._seen = torch.zeros(self.max_slots, self.vocab_size, dtype=torch.bool,
+                                         device=self.device)
+            self.observe_inputs(slot, history_ids)
+        if (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0) \
+                and self._counts is None:
+            self._counts = torch.zeros(self.max_slots, self.vocab_size, dtype=torch.int32,
+                                       device=self.device)
+
+    def observe_inputs(self, slot: int, token_ids: Sequence[int]) -> None:
+        """Prompt tokens fed to `slot` this step (they count for the repetition penalty)."""
+        if slot not in self._rep_slots or not token_ids:
+            return
+        self._check_ids(token_ids, "input token ids")
+        self._pending_seen.setdefault(slot, []).extend(token_ids)
+
+    def flush(self) -> None:
+        """Upload what set_slot / observe_inputs queued; `sample` calls it first."""
+        if self._dirty:
+            idx_h = torch.tensor(sorted(self._dirty), dtype=torch.int64)
+            idx = idx_h.to(self.device)
+            self._df[idx] = self._hf[idx_h].to(self.device)
+            self._di[idx] = self._hi[idx_h].to(self.device)
+            if self._d_stop.shape[1] != self._h_stop.shape[1]:
+                self._d_stop = self._h_stop.to(self.device)
+            else:
+                self._d_stop[idx] = self._h_stop[idx_h].to(self.device)
+            self._d_out_len[idx] = 0
+            if self._seen is not None:
+                self._seen[idx] = False
+            if self._counts is not None:
+                self._counts[idx] = 0
+            self._dirty.clear()
+        if self._pending_seen:
+            assert self._seen is not None
+            rows = [s for s, ids in self._pending_seen.items() for _ in ids]
+            cols = [t for ids in self._pending_seen.values() for t in ids]
+            index = torch.tensor([rows, cols], dtype=torch.int64).to(self.device)
+            self._seen[index[0], index[1]] = True
+            self._pending_seen.clear()
+
+    # -- the batched draw ------------------------------------------------------------------------
+
+    def sample(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+               host_slots: Sequence[int] | torch.Tensor | None = None) -> SampleOutput:
+        """Draw one token per row. logits [B, V]; slots, positions int64 [B] on the device;
+        positions[i] is the sequence index of the token being sampled (the noise counter).
+        `host_slots` (the same slots on the host) lets the sampler choose its processors without
+        reading `slots` back from the device; without it, CUDA slots cost one sync."""
+        batch = logits.shape[0]
+        if logits.dim() != 2 or logits.shape[1] != self.vocab_size:
+            raise ValueError(f"logits must be [B, {self.vocab_size}], got {tuple(logits.shape)}")
+        hs = torch.as_tensor(host_slots if host_slots is not None else slots.cpu(),
+                             dtype=torch.int64).cpu()
+        if hs.shape != (batch,) or slots.shape != (batch,) or positions.shape != (batch,):
+            raise ValueError("slots, positions (and host_slots) must be [B]")
+        if batch and (int(hs.min()) < 0 or int(hs.max()) >= self.max_slots):
+            raise ValueError(f"slots must be in [0, {self.max_slots})")
+        self.flush()
+        x = logits.to(torch.float32)
+        if batch == 0:
+            return SampleOutput(torch.zeros(0, dtype=torch.int64, device=x.device))
+        plan = _Plan.make(self._hf[hs], self._hi[hs], self._h_out_len[hs], self.vocab_size)
+        df, di = self._df[slots], self._di[slots]
+        raw_logprobs = x.log_softmax(dim=1) if plan.logprobs else None
+
+        if plan.repetition:
+            assert self._seen is not None
+            x = ops.apply_repetition_penalty(x, self._seen[slots], df[:, _REP])
+        if plan.presence_frequency:
+            assert self._counts is not None
+            x = ops.apply_presence_frequency(x, self._counts[slots], df[:, _PRES], df[:, _FREQ])
+        if plan.min_tokens:
+            active = self._d_out_len[slots] < di[:, _MIN_TOKENS]
+            x = ops.mask_stop_tokens(x, self._d_stop[slots], active)
+
+        if plan.all_greedy:
+            tokens = x.argmax(dim=1)
+        else:
+            temp = df[:, _TEMP]
+            greedy = (temp <= 0) | (di[:, _TOP_K] == 1)
+            greedy_tokens = x.argmax(dim=1) if plan.any_greedy else None
+            x = x / torch.where(temp > 0, temp, 1.0)[:, None]
+            top_k = di[:, _TOP_K].clamp(max=self.vocab_size)
+            if plan.top_p:
+                x = ops.apply_top_k_top_p(x, top_k if plan.max_k else None, df[:, _TOP_P])
+            elif plan.max_k:
+                x = ops.apply_top_k(x, top_k, plan.max_k)
+            if plan.min_p:
+                x = ops.apply_min_p(x, df[:, _MIN_P])
+            if self._tok_hash is None:
+                self._tok_hash = ops.token_hashes(self.vocab_size, x.device)
+            keys = ops.row_keys(di[:, _SEED], positions.to(torch.int64))
+            tokens = ops.gumbel_argmax(x, keys, self._tok_hash)
+            if greedy_tokens is not None:
+                tokens = torch.where(greedy, greedy_tokens, tokens)
+
+        self._record(slots, hs, tokens)
+        out = SampleOutput(tokens)
+        if raw_logprobs is not None:
+            out.logprobs = raw_logprobs.gather(1, tokens[:, None]).squeeze(1)
+            if plan.top_logprobs:
+                out.top_logprobs, out.top_ids = raw_logprobs.topk(plan.top_logprobs, dim=1)
+        return out
+
+    def _record(self, slots: torch.Tensor, host_slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Sampled tokens join the penalty state (slots within a batch are distinct)."""
+        self._h_out_len[host_slots] += 1
+        self._d_out_len.index_add_(0, slots, torch.ones_like(slots))
+        if self._seen is not None:
+            self._seen[slots, tokens] = True
+        if self._counts is not None:
+            self._counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32),
+                                    accumulate=True)
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_slots:
+            raise ValueError(f"slot {slot} out of range [0, {self.max_slots})")
+
+    def _check_ids(self, ids: Sequence[int], what: str) -> None:
+        # An out-of-range index on the device would kill the CUDA context: refuse it here.
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            raise ValueError(f"{what} must be in [0, {self.vocab_size})")
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Which processors this batch needs, from the host mirror of its slots."""
+
+    all_greedy: bool
+    any_greedy: bool
+    repetition: bool
+    presence_frequency: bool
+    min_tokens: bool
+    max_k: int  # 0: no sampled row uses top-k
+    top_p: bool
+    min_p: bool
+    logprobs: bool
+    top_logprobs: int
+
+    @staticmethod
+    def make(hf: torch.Tensor, hi: torch.Tensor, out_len: torch.Tensor, vocab: int) -> _Plan:
+        greedy = (hf[:, _TEMP] <= 0) | (hi[:, _TOP_K] == 1)
+        sampled = ~greedy
+        top_k = torch.where(sampled & (hi[:, _TOP_K] > 0), hi[:, _TOP_K], 0)
+        return _Plan(
+            all_greedy=bool(greedy.all()),
+            any_greedy=bool(greedy.any()),
+            repetition=bool((hf[:, _REP] != 1.0).any()),
+            presence_frequency=bool(((hf[:, _PRES] != 0) | (hf[:, _FREQ] != 0)).any()),
+            min_tokens=bool((out_len < hi[:, _MIN_TOKENS]).any()),
+            max_k=min(int(top_k.max()), vocab),
+            top_p=bool((sampled & (hf[:, _TOP_P] < 1.0)).any()),
+            min_p=bool((sampled & (hf[:, _MIN_P] > 0)).any()),
+            logprobs=bool(hi[:, _LOGPROBS].any()),
+            top_logprobs=min(int(hi[:, _TOP_LOGPROBS].max()), vocab),
+        )

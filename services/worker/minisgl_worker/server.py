@@ -1,0 +1,142 @@
+"""The `minisgl.v1.Worker` gRPC service: a thin adapter over `Engine`.
+
+A Step stream carries one StepRequest per scheduler step and gets one StepResponse per request,
+in order. A reader thread launches each plan as soon as it arrives (at most two launched and not
+yet answered), while the response generator collects them in order; so with overlap scheduling
+the next plan is queued on the device while the previous one computes. A plan that fails (bad
+plan, engine error) is answered with `StepResponse.error`; the stream and the process live on.
+One stream drives the engine at a time; a second waits for the first to end.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from minisgl_core.metrics import STEP_BUCKETS, counter, histogram
+from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from minisgl_core.sampling import InvalidParams
+from minisgl_core.step import StepExecutor
+
+from .batch import InvalidPlan
+from .convert import error_response, info_to_proto, output_to_proto, plan_from_proto
+
+log = logging.getLogger(__name__)
+_END = object()
+MAX_UNANSWERED = 2
+_METRICS: dict[str, Any] = {}
+
+
+def _metrics() -> dict[str, Any]:
+    if not _METRICS:  # prometheus metrics are process-wide; create them once
+        _METRICS["steps"] = counter("worker_steps_total", "steps run by the worker")
+        _METRICS["errors"] = counter("worker_step_errors_total", "steps answered with an error")
+        _METRICS["tokens"] = counter("worker_sampled_tokens_total", "tokens sampled")
+        _METRICS["seconds"] = histogram("worker_step_seconds", "launch to result, per step",
+                                        STEP_BUCKETS)
+    return _METRICS
+
+
+class WorkerService(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, engine: StepExecutor) -> None:
+        self.engine = engine
+        self._stream_lock = threading.Lock()
+        self._active = 0
+        self._idle = threading.Condition()
+        self.metrics = _metrics()
+
+    def GetWorkerInfo(self, request: worker_pb2.GetWorkerInfoRequest,
+                      context: grpc.ServicerContext) -> worker_pb2.GetWorkerInfoResponse:
+        return info_to_proto(self.engine.info())
+
+    def Step(self, request_iterator: Iterator[worker_pb2.StepRequest],
+             context: grpc.ServicerContext) -> Iterator[worker_pb2.StepResponse]:
+        with self._idle:
+            self._active += 1
+        try:
+            with self._stream_lock:
+                yield from self._serve(request_iterator)
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def _serve(self, requests: Iterator[worker_pb2.StepRequest]
+               ) -> Iterator[worker_pb2.StepResponse]:
+        order: queue.Queue = queue.Queue()  # ("step", id, t0) | ("error", id, code, msg) | _END
+        room = threading.Semaphore(MAX_UNANSWERED)
+        stop = threading.Event()
+        reader = threading.Thread(target=self._launch_loop, args=(requests, order, room, stop),
+                                  name="worker-launch", daemon=True)
+        reader.start()
+        try:
+            while (item := order.get()) is not _END:
+                try:
+                    yield self._answer(item)
+                finally:
+                    room.release()
+        finally:
+            # The client went away mid-stream: let the reader stop, then collect whatever it
+            # launched so the engine's in-flight queue stays aligned for the next stream.
+            stop.set()
+            room.release()
+            reader.join()
+            while not order.empty():
+                item = order.get()
+                if item is not _END and item[0] == "step":
+                    self._answer(item)
+
+    def _launch_loop(self, requests: Iterator[worker_pb2.StepRequest], order: queue.Queue,
+                     room: threading.Semaphore, stop: threading.Event) -> None:
+        try:
+            for req in requests:
+                room.acquire()
+                if stop.is_set():
+                    break
+                try:
+                    plan = plan_from_proto(req)
+                    t0 = time.perf_counter()
+                    self.engine.launch(plan)
+                    order.put(("step", req.step_id, t0))
+                except (InvalidPlan, InvalidParams) as exc:
+                    order.put(("error", req.step_id, common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                               str(exc)))
+                except Exception as exc:  # an engine failure: answer it, keep serving
+                    log.exception("step %d failed at launch", req.step_id)
+                    order.put(("error", req.step_id, common_pb2.ERROR_CODE_INTERNAL,
+                               f"{type(exc).__name__}: {exc}"))
+        except grpc.RpcError:
+            pass  # the client cancelled the stream
+        except Exception:
+            log.exception("step stream reader failed")
+        finally:
+            order.put(_END)
+
+    def _answer(self, item: tuple) -> worker_pb2.StepResponse:
+        m = self.metrics
+        if item[0] == "error":
+            m["errors"].inc()
+            return error_response(item[1], item[2], item[3])
+        try:
+            out = self.engine.collect()
+        except Exception as exc:
+            log.exception("step %d failed", item[1])
+            m["errors"].inc()
+            return error_response(item[1], common_pb2.ERROR_CODE_INTERNAL,
+                                  f"{type(exc).__name__}: {exc}")
+        m["steps"].inc()
+        m["tokens"].inc(len(out.token_ids))
+        m["seconds"].observe(time.perf_counter() - item[2])
+        return output_to_proto(out)
+
+    def drain(self, timeout: float) -> None:
+        """Wait (up to `timeout`) for open Step streams to end; the scheduler closes them."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._active and time.monotonic() < deadline:
+                self._idle.wait(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,85 @@
+"""The processes of a tensor-parallel worker.
+
+Rank 0 is the `Engine` the scheduler drives. Unless `dist_init_method` is given (ranks started by
+hand, e.g. on several hosts), rank 0 spawns ranks 1..N-1 on this host. Those build the same
+Engine for their rank and loop: receive a plan broadcast by rank 0, run it, wait for it, repeat;
+a `None` plan means shut down.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from dataclasses import dataclass, replace
+from multiprocessing.process import BaseProcess
+
+import torch
+
+from . import distributed as dist
+from .config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Followers:
+    procs: list[BaseProcess]
+
+
+def init_rank(config: EngineConfig, device: torch.device) -> Followers | None:
+    """Join the TP group; on rank 0 with no rendezvous given, spawn the other ranks first."""
+    followers = Followers([]) if config.tp_rank == 0 else None
+    init = config.dist_init_method
+    if init is None:
+        if config.tp_rank != 0:
+            raise ValueError("tp_rank > 0 needs dist_init_method (rank 0's rendezvous)")
+        init = f"tcp://127.0.0.1:{dist.free_port()}"
+        ctx = mp.get_context("spawn")
+        procs: list[BaseProcess] = []
+        for rank in range(1, config.tp_size):
+            cfg = replace(config, tp_rank=rank, dist_init_method=init, device=str(device.type))
+            p = ctx.Process(target=follower_main, args=(cfg, logging.getLogger().level),
+                            name=f"minisgl-tp{rank}", daemon=True)
+            p.start()
+            procs.append(p)
+        followers = Followers(procs)
+    dist.init_tp(config.tp_rank, config.tp_size, init, device)
+    return followers
+
+
+def follower_main(config: EngineConfig, log_level: int = logging.INFO) -> None:
+    logging.basicConfig(level=log_level, format=f"%(asctime)s tp{config.tp_rank} %(name)s "
+                                                "%(levelname)s %(message)s")
+    from .engine import Engine
+
+    engine = Engine(config)
+    try:
+        while True:
+            plan = dist.broadcast_object(None)
+            if plan is None:
+                break
+            try:
+                if isinstance(plan, tuple):  # ("logits", plan): Engine.forward_logits
+                    engine.run_logits(plan[1])
+                    continue
+                f = engine.run_step(plan)
+                if f.done is not None:
+                    f.done.synchronize()
+            except Exception:  # rank 0 fails the step too; keep serving the next plans
+                log.exception("rank %d: step %s failed", config.tp_rank, plan.step_id)
+    finally:
+        engine._closed = True
+        dist.destroy_tp()
+
+
+def stop_followers(followers: Followers, timeout: float = 30.0) -> None:
+    try:
+        dist.broadcast_object(None)
+    except Exception:  # a follower died: the group is broken, just reap the processes
+        log.exception("could not signal the TP ranks to stop")
+    for p in followers.procs:
+        p.join(timeout)
+        if p.is_alive():
+            p.terminate()
+            p.join(5.0)
+    dist.destroy_tp()

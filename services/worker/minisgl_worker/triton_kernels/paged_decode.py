@@ -1,0 +1,162 @@
+"""Paged decode attention, one query token per request, split-K (flash-decoding).
+
+Stage 1: program (b, kv_head, split) runs an online softmax over its slice of the request's KV for
+all query heads of that KV head (GQA heads share each K/V load), and leaves a normalised partial
+output and its log-sum-exp (base 2). Stage 2: program (b, head) merges the splits. A split with no
+tokens leaves lse = -inf and weighs nothing, so the split count can be fixed for a CUDA graph while
+sequence lengths change; a row with seq_len 0 (a padded graph row) yields zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_TARGET_PROGRAMS = 256  # stage-1 programs worth launching for a full GPU (~2 per SM)
+_MIN_SPLIT_TOKENS = 256
+MAX_SPLITS = 32
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
+    qk_scale, num_splits,
+    stride_qb, stride_qh,
+    stride_kp, stride_kt, stride_kh,
+    stride_vp, stride_vt, stride_vh,
+    stride_pt,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh,
+    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + g
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    for s in range(start, end, BLOCK_N):
+        t = s + n
+        t_mask = t < end
+        page = tl.load(page_table_ptr + row * stride_pt + t // PAGE_SIZE, mask=t_mask, other=0)
+        page = page.to(tl.int64)
+        off = t % PAGE_SIZE
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + page[:, None] * stride_kp + off[:, None] * stride_kt
+                    + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        qk = tl.where(t_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + page[:, None] * stride_vp + off[:, None] * stride_vt
+                    + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    o_off = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
+    tl.store(part_o_ptr + o_off, out, mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_o_ptr, part_lse_ptr, out_ptr, num_splits,
+    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_mask = s < num_splits
+    d_mask = d < HEAD_DIM
+    lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask,
+                  other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.exp2(lse - top)
+    o = tl.load(part_o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh
+                + s[:, None] * stride_os + d[None, :],
+                mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    total = tl.sum(w, axis=0)
+    out = tl.sum(o * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b.to(tl.int64) * stride_outb + h * stride_outh + d,
+             out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
+    """Enough splits to fill the GPU when the batch is small, never slices under a few hundred
+    tokens; a power of two so that few variants get compiled."""
+    want = min(triton.cdiv(_TARGET_PROGRAMS, max(1, batch * num_kv_heads)),
+               triton.cdiv(max(1, max_seq_len), _MIN_SPLIT_TOKENS), MAX_SPLITS)
+    return triton.next_power_of_2(max(1, want))
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 page_table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
+                 sm_scale: float, num_splits: int, out: torch.Tensor | None = None,
+                 block_n: int = 64, workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 ) -> torch.Tensor:
+    """q [B, H, D] -> [B, H, D]. rows [B]: page-table row of each request; seq_lens [B] int32:
+    KV tokens (the current token's K/V already stored). `workspace` (partial outputs
+    [B, H, S, D] fp32, lse [B, H, S] fp32) may be preallocated for CUDA graphs."""
+    batch, num_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    if workspace is None:
+        part_o = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32,
+                             device=q.device)
+        part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part_o, part_lse = workspace[0][:batch], workspace[1][:batch]
+    block_d = triton.next_power_of_2(head_dim)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, page_table, rows, seq_lens, part_o, part_lse,
+        sm_scale * _LOG2E, num_splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=head_dim,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
+        PRECISION=precision, num_warps=4, num_stages=2,
+    )
+    _decode_merge_kernel[(batch, num_heads)](
+        part_o, part_lse, out, num_splits,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,72 @@
+"""Fused Gumbel-max draw: hash noise + argmax in one pass over the logits.
+
+Bit-for-bit the hash of `sampling_kernels` (which is the reference), in uint32 lanes. Each program
+scans one chunk of one row and leaves its best (value, index); a tiny torch reduce picks the chunk.
+Ties resolve to the lowest index everywhere, like torch.argmax.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK = 1024
+_TARGET_PROGRAMS = 512  # enough chunks to spread a small batch over every SM
+
+
+@triton.jit
+def _hash32(x):
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _gumbel_argmax_kernel(x_ptr, keys_ptr, part_val_ptr, part_idx_ptr, vocab, stride_x, chunk,
+                          num_chunks, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    key = tl.load(keys_ptr + row).to(tl.uint32)
+    start = c * chunk
+    end = tl.minimum(start + chunk, vocab)
+    best_val = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK], tl.int32)
+    offs = tl.arange(0, BLOCK)
+    for off in range(start, end, BLOCK):
+        j = off + offs
+        mask = j < end
+        x = tl.load(x_ptr + row.to(tl.int64) * stride_x + j, mask=mask, other=float("-inf"))
+        bits = _hash32(key ^ _hash32(j.to(tl.uint32) ^ 0x85EBCA6B))
+        u = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
+        s = x.to(tl.float32) - tl.log(-tl.log(u))
+        s = tl.where(mask, s, float("-inf"))
+        better = s > best_val  # strict: a lane keeps its earliest maximum
+        best_val = tl.where(better, s, best_val)
+        best_idx = tl.where(better, j, best_idx)
+    top = tl.max(best_val, axis=0)
+    idx = tl.min(tl.where(best_val == top, best_idx, 2147483647), axis=0)
+    tl.store(part_val_ptr + row * num_chunks + c, top)
+    tl.store(part_idx_ptr + row * num_chunks + c, idx.to(tl.int64))
+
+
+def gumbel_argmax(x: torch.Tensor, keys: torch.Tensor,
+                  num_chunks: int | None = None) -> torch.Tensor:
+    """argmax_j(x[b, j] + gumbel(keys[b], j)) per row; x [B, V] float32, keys [B] int64."""
+    batch, vocab = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if num_chunks is None:
+        num_chunks = max(1, min(triton.cdiv(vocab, 4 * _BLOCK),
+                                triton.cdiv(_TARGET_PROGRAMS, batch)))
+    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), _BLOCK) * _BLOCK
+    num_chunks = triton.cdiv(vocab, chunk)
+    part_val = torch.empty(batch, num_chunks, dtype=torch.float32, device=x.device)
+    part_idx = torch.empty(batch, num_chunks, dtype=torch.int64, device=x.device)
+    _gumbel_argmax_kernel[(batch, num_chunks)](
+        x, keys.contiguous(), part_val, part_idx, vocab, x.stride(0), chunk, num_chunks,
+        BLOCK=_BLOCK, num_warps=4)
+    best = part_val.argmax(dim=1, keepdim=True)
+    return part_idx.gather(1, best).squeeze(1)

@@ -1,0 +1,89 @@
+"""The in-process LLM: the real Scheduler over the worker's real Engine on the embedded tiny model.
+
+Greedy tokens must equal a plain transformers forward loop on the same weights, and scheduling
+choices (overlap, chunked prefill, prefix cache, preemption) must never change them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from minisgl.llm import LLM
+from minisgl_core.sampling import SamplingParams
+from minisgl_scheduler import ContextLengthExceeded
+
+PROMPTS = ["Once upon a time", "The little dog ran to the", "In the beginning there was",
+           "Hello", "Once upon a time there was a little girl who"]
+ENGINE = dict(dtype="float32", page_size=4, max_slots=16)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_path: Path) -> Iterator[LLM]:
+    with LLM(tiny_model_path, num_pages=1024, **ENGINE) as engine:  # type: ignore[arg-type]
+        yield engine
+
+
+def hf_greedy(model_path: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """n greedy tokens per prompt from full forward passes (no KV cache, no batching)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    outs = []
+    with torch.no_grad():
+        for ids in prompts:
+            seq = list(ids)
+            for _ in range(n):
+                logits = model(torch.tensor([seq])).logits[0, -1]
+                seq.append(int(logits.argmax()))
+            outs.append(seq[len(ids):])
+    return outs
+
+
+def test_greedy_matches_transformers(llm: LLM, tiny_model_path: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate(PROMPTS, params)
+    want = hf_greedy(tiny_model_path, [llm.encode(p) for p in PROMPTS], 12)
+    assert [o["token_ids"] for o in outs] == want
+    for o in outs:
+        assert o["finish_reason"] == "length" and o["text"] == llm.decode(o["token_ids"])
+
+
+def test_text_and_token_prompts_agree(llm: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    by_text = llm.generate(PROMPTS[:2], params)
+    by_ids = llm.generate([llm.encode(p) for p in PROMPTS[:2]], params)
+    assert [o["token_ids"] for o in by_text] == [o["token_ids"] for o in by_ids]
+    assert by_text[0]["prompt_tokens"] == len(llm.encode(PROMPTS[0]))
+
+
+def _run(path: Path, **kwargs: object) -> tuple[list[tuple[list[int], str]], LLM]:
+    with LLM(path, **{**ENGINE, **kwargs}) as engine:  # type: ignore[arg-type]
+        prompts = PROMPTS * 3
+        params = [SamplingParams(temperature=0.0, max_tokens=10 + 7 * (i % 4))
+                  for i in range(len(prompts))]
+        outs = engine.generate(prompts, params)
+        return [(o["token_ids"], o["finish_reason"]) for o in outs], engine
+
+
+def test_scheduling_choices_never_change_greedy_outputs(tiny_model_path: Path) -> None:
+    base, _ = _run(tiny_model_path, num_pages=1024, disable_overlap=True, cache="naive")
+    overlap, _ = _run(tiny_model_path, num_pages=1024, disable_overlap=False)
+    assert overlap == base
+    # A pool too small for the batch + tiny prefill chunks: preemption, recomputation, chunking
+    # and prefix hits all happen, and the tokens stay the same.
+    squeezed, engine = _run(tiny_model_path, num_pages=24, max_prefill_tokens=8,
+                            decode_reserve_ratio=0.0)
+    assert squeezed == base
+    stats = engine.scheduler.stats()
+    assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0
+    assert stats.used_pages == 0
+
+
+def test_bad_prompts_raise_clear_errors(llm: LLM) -> None:
+    with pytest.raises(ContextLengthExceeded, match="context window"):
+        llm.generate([[5] * 5000], SamplingParams(max_tokens=4))
+    assert llm.scheduler.stats().used_pages == 0
+    assert not llm.scheduler.has_work()

@@ -1,0 +1,263 @@
+"""TritonBackend against the torch reference backend through W1's interface, on synthetic tensors
+under the Triton interpreter: mixed prefill/extend steps, decode steps, and the CUDA-graph path
+(static buffers, padded rows) driven on CPU."""
+
+from __future__ import annotations
+
+import os
+
+# Must precede the first import of the kernels: @triton.jit picks the interpreter at decoration.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import importlib  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from minisgl_worker.attention.base import AttentionConfig, ForwardBatch  # noqa: E402
+from minisgl_worker.attention.torch_backend import TorchBackend  # noqa: E402
+from minisgl_worker.attention.triton_backend import TritonBackend  # noqa: E402
+from minisgl_worker.kv_pool import KVPool  # noqa: E402
+from minisgl_worker.triton_kernels import paged_decode, paged_extend, store_kv  # noqa: E402
+
+for _mod in (paged_decode, paged_extend, store_kv):
+    if not any(type(v).__name__ == "InterpretedFunction" for v in vars(_mod).values()):
+        importlib.reload(_mod)
+
+HQ, HKV, D, PS, LAYERS = 4, 2, 16, 4, 2
+CFG = AttentionConfig(num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, scale=D**-0.5,
+                      page_size=PS, max_slots=6, max_pages_per_seq=8, max_model_len=32,
+                      dtype=torch.float32, device=torch.device("cpu"))
+# slot -> its pages (scattered, as the scheduler would hand them out)
+PAGES = {1: [7, 2, 11, 4, 0], 3: [5, 9, 1, 13], 4: [3, 8, 12, 6]}
+
+
+def make_pool(seed: int) -> KVPool:
+    pool = KVPool(LAYERS, 14, PS, HKV, D, torch.float32, torch.device("cpu"), 6, 8)
+    gen = torch.Generator().manual_seed(seed)
+    for layer in range(LAYERS):  # garbage everywhere: cached prefixes and never-read slots
+        pool.k[layer].copy_(torch.randn(pool.k[layer].shape, generator=gen))
+        pool.v[layer].copy_(torch.randn(pool.v[layer].shape, generator=gen))
+    for slot, pages in PAGES.items():
+        pool.page_table[slot, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+    return pool
+
+
+def make_batch(pool: KVPool, reqs: list[tuple[int, int, int]], pad_to: int = 0) -> ForwardBatch:
+    """reqs: (slot, cache_len, extend_len). pad_to: pad a decode batch like the graph runner."""
+    slots = [s for s, _, _ in reqs]
+    cache = [c for _, c, _ in reqs]
+    ext = [e for _, _, e in reqs]
+    n_pad = max(0, pad_to - len(reqs))
+    seq = [c + e for c, e in zip(cache, ext, strict=True)] + [1] * n_pad
+    cache, ext = cache + [0] * n_pad, ext + [1] * n_pad
+    num_p = -(-max(seq) // PS)
+    table = pool.page_table[slots, :num_p]
+    if n_pad:
+        table = torch.cat([table, torch.full((n_pad, num_p), pool.dummy_page, dtype=torch.int32)])
+    pos = torch.cat([torch.arange(c, c + e) for c, e in zip(cache, ext, strict=True)])
+    rows = torch.repeat_interleave(torch.arange(len(seq)), torch.tensor(ext))
+    out_loc = table[rows, pos // PS].long() * PS + pos % PS
+    i32 = torch.int32
+    return ForwardBatch(
+        batch_size=len(seq), num_tokens=sum(ext), is_decode=all(e == 1 for e in ext),
+        page_size=PS, positions=pos, out_loc=out_loc,
+        slots=torch.tensor(slots + [0] * n_pad), cache_lens=torch.tensor(cache, dtype=i32),
+        extend_lens=torch.tensor(ext, dtype=i32), seq_lens=torch.tensor(seq, dtype=i32),
+        qo_indptr=torch.tensor([0, *ext]).cumsum(0).to(i32), page_table=table,
+        cache_lens_host=cache, extend_lens_host=ext, seq_lens_host=seq,
+        page_table_host=table.clone(), max_seq_len=max(seq), max_extend_len=max(ext),
+        sample_indices=torch.zeros(0, dtype=torch.int64))
+
+
+def qkv(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, HQ, D, generator=gen), torch.randn(n, HKV, D, generator=gen),
+            torch.randn(n, HKV, D, generator=gen))
+
+
+def run_step(backends: list, pools: list[KVPool], reqs, seed: int, pad_to: int = 0,
+             graph: bool = False) -> list[torch.Tensor]:
+    outs = []
+    for backend, pool in zip(backends, pools, strict=True):
+        batch = make_batch(pool, reqs, pad_to)
+        if graph:
+            backend.prepare_for_replay(batch)
+        else:
+            backend.prepare(batch)
+        q, k, v = qkv(sum(e for _, _, e in reqs), seed)
+        pad = batch.num_tokens - q.shape[0]  # padded graph rows carry arbitrary values
+        q, k, v = (torch.cat([t, torch.randn(pad, *t.shape[1:])]) for t in (q, k, v))
+        outs.append(torch.stack([backend.forward(q, k, v, layer) for layer in range(LAYERS)]))
+    return outs
+
+
+def test_matches_torch_backend_over_prefill_extend_and_decode():
+    pools = [make_pool(0), make_pool(0)]
+    ref, tri = TorchBackend(CFG, pools[0]), TritonBackend(CFG, pools[1])
+    steps = [
+        [(1, 0, 6), (3, 5, 3)],  # a fresh prefill and an extend over a cached prefix
+        [(1, 6, 1), (3, 8, 1)],  # decode
+        [(4, 0, 9), (1, 7, 1), (3, 9, 4)],  # mixed: prefill chunk, decode row, extend
+        [(4, 9, 1), (1, 8, 1), (3, 13, 1)],  # decode across a page boundary
+    ]
+    for i, reqs in enumerate(steps):
+        expect, got = run_step([ref, tri], pools, reqs, seed=i)
+        torch.testing.assert_close(got, expect, atol=2e-5, rtol=2e-5)
+        for layer in range(LAYERS):  # both wrote the same K/V, and only at out_loc
+            assert torch.equal(pools[0].k[layer], pools[1].k[layer])
+            assert torch.equal(pools[0].v[layer], pools[1].v[layer])
+
+
+def test_cuda_graph_path_with_padding():
+    pools = [make_pool(1), make_pool(1)]
+    ref, tri = TorchBackend(CFG, pools[0]), TritonBackend(CFG, pools[1])
+    tri.init_cuda_graph(4)
+    for i, reqs in enumerate([[(1, 10, 1), (4, 3, 1)], [(3, 2, 1)], [(1, 11, 1), (4, 4, 1)]]):
+        expect = run_step([ref], pools[:1], reqs, seed=10 + i)[0]
+        got = run_step([tri], pools[1:], reqs, seed=10 + i, pad_to=4, graph=True)[0]
+        torch.testing.assert_close(got[:, : len(reqs)], expect[:, : len(reqs)],
+                                   atol=2e-5, rtol=2e-5)
+        for layer in range(LAYERS):  # padding wrote into the dummy page only
+            live = pools[1].num_pages
+            assert torch.equal(pools[0].k[layer][:live], pools[1].k[layer][:live])
+    with pytest.raises(ValueError, match="decode"):
+        tri.prepare_for_replay(make_batch(pools[1], [(1, 0, 3)]))
+
+
+# -- end to end through W1's engine on the embedded model --------------------------------------
+
+
+def _generate(engine, steps: int = 5) -> list[list[int]]:
+    """Two requests: one prefilled in two chunks (the second over a cached prefix), one in a
+    single step next to it; then decode steps. Greedy, so tokens depend only on the logits."""
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.step import ReqPlan, StepPlan
+
+    sp = SamplingParams(temperature=0.0, max_tokens=16)
+    a, b = list(range(5, 26)), list(range(300, 309))
+    plans = [
+        StepPlan(0, [ReqPlan(1, 0, 0, a[:12], 0, list(range(0, 8)), sample=False, sampling=sp)]),
+        StepPlan(1, [ReqPlan(1, 0, 12, a[12:]),
+                     ReqPlan(2, 3, 0, b, 0, list(range(8, 12)), sampling=sp)]),
+    ]
+    for i in range(steps):
+        plans.append(StepPlan(2 + i, [ReqPlan(1, 0, len(a) + i), ReqPlan(2, 3, len(b) + i)]))
+    return [engine.step(p).token_ids for p in plans]
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(tiny_model_path) -> list[list[int]]:
+    from minisgl_worker.engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(model_path=str(tiny_model_path), attention_backend="torch",
+                                 page_size=4, max_slots=4, kv_cache_tokens=64))
+    tokens = _generate(engine)
+    assert len(tokens) == 7 and all(len(t) == 2 for t in tokens[1:])
+    return tokens
+
+
+def test_engine_triton_with_graph_runner_matches_torch(tiny_model_path, reference_tokens):
+    """Same greedy tokens as the torch backend. Prefill steps take the extend kernel; decode
+    steps go through the CUDA-graph runner's plumbing (static buffers, padding to 4 rows, the
+    backend's capture/replay hooks), replayed eagerly since there is no GPU here."""
+    from minisgl_worker.cuda_graph import CudaGraphRunner
+    from minisgl_worker.engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(model_path=str(tiny_model_path), attention_backend="triton",
+                                 page_size=4, max_slots=4, kv_cache_tokens=64))
+    runner = CudaGraphRunner(engine.model, engine.backend, engine.pool, max_bs=4, eager=True)
+    assert runner.sizes == [1, 2, 4] and runner.graph_size(3) == 4
+    engine.graph_runner = runner  # the engine builds one only on CUDA
+    assert _generate(engine) == reference_tokens
+    assert runner.replays == 5  # every decode step went through the runner
+
+
+# -- FlashInferBackend's plumbing, with a stand-in for the GPU-only flashinfer package ----------
+# The fake implements the wrappers' documented contract (CSR page layout, last_page_len, causal
+# queries aligned to the end of the KV, use_cuda_graph wrappers reading their static buffers)
+# in plain torch. The real kernels are checked on a GPU by bench/gpu_check_attention.py.
+
+
+class _FakeWrapper:
+    def __init__(self, workspace, layout, use_cuda_graph=False, use_tensor_cores=False,
+                 backend="auto", paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None,
+                 paged_kv_last_page_len_buffer=None):
+        assert layout == "NHD" and workspace.dtype == torch.uint8
+        self.graph = use_cuda_graph
+        self.bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer,
+                     paged_kv_last_page_len_buffer)
+        self.plans = 0
+
+    def _plan(self, qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal, sm_scale):
+        assert indptr.dtype == indices.dtype == last.dtype == torch.int32
+        assert indptr.device.type == "cpu" and last.device.type == "cpu"  # host planning
+        assert len(indices) == int(indptr[-1]) and ((last >= 1) & (last <= ps)).all()
+        if self.graph:  # plan refills the static buffers that the captured kernels read
+            b_ind, b_idx, b_last = self.bufs
+            assert len(b_last) == len(last), "graph wrappers have a fixed batch size"
+            b_ind.copy_(indptr)
+            b_idx[: len(indices)].copy_(indices)
+            b_last.copy_(last)
+            indptr, indices, last = b_ind, b_idx, b_last
+        self.p = (qo_indptr, indptr, indices, last, hq // hkv, ps, causal, sm_scale)
+        self.plans += 1
+
+    def run(self, q, kv):
+        qo_indptr, indptr, indices, last, group, ps, causal, scale = self.p
+        k_cache, v_cache = kv
+        out = torch.empty_like(q)
+        for b in range(len(last)):
+            pages = indices[int(indptr[b]) : int(indptr[b + 1])].long()
+            kv_len = (len(pages) - 1) * ps + int(last[b])
+            t = torch.arange(kv_len)
+            k = k_cache[pages[t // ps], t % ps].repeat_interleave(group, dim=1)
+            v = v_cache[pages[t // ps], t % ps].repeat_interleave(group, dim=1)
+            q0, q1 = (b, b + 1) if qo_indptr is None else (int(qo_indptr[b]), int(qo_indptr[b + 1]))
+            s = torch.einsum("qhd,khd->hqk", q[q0:q1], k) * scale
+            if causal:
+                q_pos = kv_len - (q1 - q0) + torch.arange(q1 - q0)
+                s = s.masked_fill(t[None, :] > q_pos[:, None], float("-inf"))
+            out[q0:q1] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
+        return out
+
+
+class _FakeDecode(_FakeWrapper):
+    def plan(self, indptr, indices, last, hq, hkv, d, ps, q_data_type, kv_data_type, sm_scale):
+        self._plan(None, indptr, indices, last, hq, hkv, d, ps, False, sm_scale)
+
+
+class _FakePrefill(_FakeWrapper):
+    def plan(self, qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal, sm_scale,
+             q_data_type, kv_data_type):
+        assert qo_indptr.dtype == torch.int32 and qo_indptr.device.type == "cpu"
+        self._plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal, sm_scale)
+
+
+def test_flashinfer_backend_plumbing(monkeypatch):
+    import types
+
+    from minisgl_worker.attention import flashinfer_backend as fb
+    from minisgl_worker.attention.base import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match="CUDA"):
+        fb.FA3Backend.check_available(torch.device("cpu"))
+    fake = types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=_FakeDecode,
+                                 BatchPrefillWithPagedKVCacheWrapper=_FakePrefill)
+    monkeypatch.setitem(__import__("sys").modules, "flashinfer", fake)
+    monkeypatch.setattr(fb.FlashInferBackend, "workspace_bytes", 1024)
+    pools = [make_pool(2), make_pool(2)]
+    ref, fi = TorchBackend(CFG, pools[0]), fb.FlashInferBackend(CFG, pools[1])
+    steps = [[(1, 0, 6), (3, 5, 3)], [(1, 6, 1), (3, 8, 1)], [(4, 0, 9), (1, 7, 1)]]
+    for i, reqs in enumerate(steps):
+        expect, got = run_step([ref, fi], pools, reqs, seed=20 + i)
+        torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
+    fi.init_cuda_graph(4)
+    for bs in (4, 2):
+        fi.prepare_for_capture(make_batch(pools[1], [], pad_to=bs))
+    for i, reqs in enumerate([[(1, 8, 1), (4, 9, 1), (3, 8, 1)], [(4, 10, 1)]]):
+        expect = run_step([ref], pools[:1], reqs, seed=30 + i)[0]
+        bs = 4 if len(reqs) > 2 else 2
+        got = run_step([fi], pools[1:], reqs, seed=30 + i, pad_to=bs, graph=True)[0]
+        torch.testing.assert_close(got[:, : len(reqs)], expect[:, : len(reqs)],
+                                   atol=1e-5, rtol=1e-5)
+    assert fi._graph_wrappers[4].plans == 2 and fi._graph_wrappers[2].plans == 2
