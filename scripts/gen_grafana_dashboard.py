@@ -1,6 +1,6 @@
 """Write deploy/grafana/dashboards/minisgl.json from the panel list below (run after editing it).
 
-Each panel is a PromQL expression over the `minisgl:` metrics; tests/e2e check that every metric named
+Each panel is a PromQL expression over the `minisgl_` metrics; tests/e2e check that every metric named
 here is exported by the running stack, so the dashboard cannot drift from the code.
 """
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "dashboards" / "minisgl.json"
 
-Q = "histogram_quantile({q}, sum by (le) (rate(minisgl:{m}_bucket[1m])))"
+Q = "histogram_quantile({q}, sum by (le) (rate(minisgl_{m}_bucket[1m])))"
 PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Requests / s by status", "reqps",
-     [("sum by (status) (rate(minisgl:http_requests_total[1m]))", "{{status}}")]),
+     [("sum by (status) (rate(minisgl_http_requests_total[1m]))", "{{status}}")]),
     ("Running and waiting requests", "short",
-     [("sum(minisgl:num_requests_running)", "running"),
-      ("sum(minisgl:num_requests_waiting)", "waiting")]),
+     [("sum(minisgl_num_requests_running)", "running"),
+      ("sum(minisgl_num_requests_waiting)", "waiting")]),
     ("Time to first token", "s",
      [(Q.format(q=q, m="time_to_first_token_seconds"), f"p{int(q * 100)}")
       for q in (0.5, 0.9, 0.99)]),
@@ -28,13 +28,13 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
      [(Q.format(q=q, m="e2e_request_latency_seconds"), f"p{int(q * 100)}")
       for q in (0.5, 0.9, 0.99)]),
     ("Tokens / s", "short",
-     [("sum(rate(minisgl:prompt_tokens_total[1m]))", "prompt"),
-      ("sum(rate(minisgl:generation_tokens_total[1m]))", "generation")]),
-    ("KV cache usage", "percentunit", [("max(minisgl:kv_cache_usage_perc)", "used")]),
+     [("sum(rate(minisgl_prompt_tokens_total[1m]))", "prompt"),
+      ("sum(rate(minisgl_generation_tokens_total[1m]))", "generation")]),
+    ("KV cache usage", "percentunit", [("max(minisgl_kv_cache_usage_perc)", "used")]),
     ("Prefix cache hit rate", "percentunit",
-     [("max(minisgl:prefix_cache_hit_rate)", "hit rate")]),
+     [("max(minisgl_prefix_cache_hit_rate)", "hit rate")]),
     ("Preemptions / s", "short",
-     [("sum(rate(minisgl:num_preemptions_total[1m]))", "preemptions")]),
+     [("sum(rate(minisgl_num_preemptions_total[1m]))", "preemptions")]),
 ]
 
 

@@ -43,9 +43,9 @@ def hf_greedy(model_path: Path, prompts: list[list[int]], n: int) -> list[list[i
 
 
 def test_greedy_matches_transformers(llm: LLM, tiny_model_path: Path) -> None:
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     outs = llm.generate(PROMPTS, params)
-    want = hf_greedy(tiny_model_path, [llm.encode(p) for p in PROMPTS], 12)
+    want = hf_greedy(tiny_model_path, [llm.encode(p) for p in PROMPTS], 10)
     assert [o["token_ids"] for o in outs] == want
     for o in outs:
         assert o["finish_reason"] == "length" and o["text"] == llm.decode(o["token_ids"])
@@ -59,25 +59,25 @@ def test_text_and_token_prompts_agree(llm: LLM) -> None:
     assert by_text[0]["prompt_tokens"] == len(llm.encode(PROMPTS[0]))
 
 
-def _run(path: Path, **kwargs: object) -> tuple[list[tuple[list[int], str]], LLM]:
-    with LLM(path, **{**ENGINE, **kwargs}) as engine:  # type: ignore[arg-type]
-        prompts = PROMPTS * 3
-        params = [SamplingParams(temperature=0.0, max_tokens=10 + 7 * (i % 4))
-                  for i in range(len(prompts))]
-        outs = engine.generate(prompts, params)
-        return [(o["token_ids"], o["finish_reason"]) for o in outs], engine
+PARAMS = [SamplingParams(temperature=0.0, max_tokens=6 + 5 * (i % 3)) for i in range(8)]
 
 
-def test_scheduling_choices_never_change_greedy_outputs(tiny_model_path: Path) -> None:
-    base, _ = _run(tiny_model_path, num_pages=1024, disable_overlap=True, cache="naive")
-    overlap, _ = _run(tiny_model_path, num_pages=1024, disable_overlap=False)
-    assert overlap == base
+def _outputs(engine: LLM) -> list[tuple[list[int], str]]:
+    outs = engine.generate((PROMPTS * 2)[:8], PARAMS)
+    return [(o["token_ids"], o["finish_reason"]) for o in outs]
+
+
+def test_scheduling_choices_never_change_greedy_outputs(llm: LLM, tiny_model_path: Path) -> None:
+    overlapped = _outputs(llm)  # overlap on, radix cache, roomy pool
+    with LLM(tiny_model_path, num_pages=1024, disable_overlap=True, cache="naive",
+             **ENGINE) as plain:  # type: ignore[arg-type]
+        assert _outputs(plain) == overlapped
     # A pool too small for the batch + tiny prefill chunks: preemption, recomputation, chunking
     # and prefix hits all happen, and the tokens stay the same.
-    squeezed, engine = _run(tiny_model_path, num_pages=24, max_prefill_tokens=8,
-                            decode_reserve_ratio=0.0)
-    assert squeezed == base
-    stats = engine.scheduler.stats()
+    with LLM(tiny_model_path, num_pages=14, max_prefill_tokens=6, decode_reserve_ratio=0.0,
+             **ENGINE) as squeezed:  # type: ignore[arg-type]
+        assert _outputs(squeezed) == overlapped
+        stats = squeezed.scheduler.stats()
     assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0
     assert stats.used_pages == 0
 

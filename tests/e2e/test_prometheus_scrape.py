@@ -63,7 +63,7 @@ def test_prometheus_scrapes_every_service(stack, tmp_path: Path) -> None:
             if len(up) == len(targets) and all(v == "1" for v in up.values()):
                 break
         assert up == {name: "1" for name in targets}, up
-        running = _query(port, "minisgl:num_requests_running")
+        running = _query(port, "minisgl_num_requests_running")
         assert running and running[0]["metric"]["job"] == "scheduler"
     finally:
         proc.terminate()
@@ -71,7 +71,7 @@ def test_prometheus_scrapes_every_service(stack, tmp_path: Path) -> None:
 
 
 def test_grafana_dashboard_metrics_exist(stack) -> None:
-    """Every `minisgl:` metric the shipped dashboard queries is exported by some service."""
+    """Every `minisgl_` metric the shipped dashboard queries is exported by some service."""
     import re
 
     import httpx
@@ -79,7 +79,7 @@ def test_grafana_dashboard_metrics_exist(stack) -> None:
     dashboard = json.loads((ROOT / "deploy/grafana/dashboards/minisgl.json").read_text())
     wanted = {re.sub(r"_(bucket|sum|count)$", "", m)
               for panel in dashboard["panels"] for t in panel["targets"]
-              for m in re.findall(r"minisgl:[a-z_]+", t["expr"])}
+              for m in re.findall(r"minisgl_[a-z_]+", t["expr"])}
     exported = httpx.get(f"{stack.http_url}/metrics", timeout=10).text
     for port in stack.metrics_ports.values():
         exported += httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text

@@ -35,7 +35,7 @@ def scheduler_load(gw_stack) -> scheduler_pb2.GetLoadResponse:
 
 def gateway_running(gw_stack) -> float:
     text = httpx.get(f"{gw_stack.http_url}/metrics", timeout=10).text
-    match = re.search(r"^minisgl:gateway_running_requests (\S+)$", text, re.M)
+    match = re.search(r"^minisgl_gateway_running_requests (\S+)$", text, re.M)
     assert match, "gateway_running_requests missing from /metrics"
     return float(match.group(1))
 

@@ -9,10 +9,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from minisgl_core.proto.minisgl.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 from .conftest import GatewayProcess, start_gateway
 from .fake_upstreams import FakeUpstreams
@@ -66,6 +68,36 @@ def test_random_bodies_never_crash(gateway: GatewayProcess, endpoint: str, extra
         assert error["message"] and error["type"]
     elif not body.get("stream"):
         assert reply.json()["choices"]
+
+
+int32 = st.integers(-(2**31), 2**31 - 1)
+floats32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
+sampling = st.builds(
+    common_pb2.SamplingParams, temperature=floats32, top_k=int32, top_p=floats32,
+    min_p=floats32, seed=st.integers(0, 2**64 - 1), repetition_penalty=floats32,
+    presence_penalty=floats32, frequency_penalty=floats32, max_tokens=int32, min_tokens=int32,
+    ignore_eos=st.booleans(), stop_token_ids=st.lists(int32, max_size=3),
+    logprobs=st.booleans(), top_logprobs=int32)
+grpc_requests = st.builds(
+    generation_pb2.GenerateRequest, model=st.sampled_from(["", "fake-model", "other"]),
+    text=st.text(max_size=30), sampling=sampling, n=st.integers(0, 2**32 - 1),
+    stop=st.builds(common_pb2.StopConditions, stop=st.lists(st.text(max_size=5), max_size=3)))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(request=grpc_requests)
+def test_random_grpc_requests_never_crash(gateway: GatewayProcess,
+                                          request: generation_pb2.GenerateRequest) -> None:
+    with grpc.insecure_channel(gateway.grpc_target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        try:
+            reply = stub.Generate(request, timeout=30)
+        except grpc.RpcError as exc:
+            assert exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), \
+                (exc.code(), exc.details(), request)
+            assert exc.details()
+            return
+    assert reply.choices
 
 
 def test_gateway_never_imports_torch() -> None:

@@ -86,6 +86,19 @@ def test_invalid_calls_get_status_codes(stub, request_, code) -> None:
         assert info.value.details()
 
 
+@pytest.mark.parametrize("raw", [
+    b"\x12\x02\xff\xfe",  # text (field 2) that is not UTF-8
+    b"\x12\x02hi\x30\xff\xff\xff\xff\x0f",  # n = 2**32 - 1
+    b"\xff\xff\xff",  # not a message at all
+])
+def test_hostile_wire_bytes_get_invalid_argument(gw_stack, raw: bytes) -> None:
+    with grpc.insecure_channel(gw_stack.grpc_target) as channel:
+        call = channel.unary_unary("/minisgl.v1.Generation/Generate")
+        with pytest.raises(grpc.RpcError) as info:
+            call(raw, timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+
+
 def test_list_models_health_and_reflection(stub, gw_stack) -> None:
     models = stub.ListModels(generation_pb2.ListModelsRequest(), timeout=10).models
     assert len(models) == 1 and models[0].max_model_len > 0 and models[0].vocab_size > 0

@@ -274,16 +274,16 @@ def test_service_process_help_metrics_and_sigterm(tmp_path: Path) -> None:
             assert conn.final[8].finish_reason == common_pb2.FINISH_REASON_LENGTH
             assert conn.tokens[8] == reference([1, 2], long, fake)
             assert list(conn.call) == []  # the server ends the stream when it stops
-        for name in ("minisgl:num_requests_running", "minisgl:num_requests_waiting",
-                     "minisgl:kv_cache_usage_perc", "minisgl:num_preemptions_total",
-                     "minisgl:prefix_cache_hits_total", "minisgl:time_to_first_token_seconds",
-                     "minisgl:inter_token_latency_seconds"):
+        for name in ("minisgl_num_requests_running", "minisgl_num_requests_waiting",
+                     "minisgl_kv_cache_usage_perc", "minisgl_num_preemptions_total",
+                     "minisgl_prefix_cache_hits_total", "minisgl_time_to_first_token_seconds",
+                     "minisgl_inter_token_latency_seconds"):
             assert name in body, name
-        assert 'minisgl:request_success_total{finished_reason="length"} 1.0' in body
-        assert "minisgl:time_to_first_token_seconds_count 1.0" in body
-        assert "minisgl:prompt_tokens_total 3.0" in body
-        assert "minisgl:generation_tokens_total 5.0" in body
-        assert "minisgl:prefix_cache_hit_rate" in body and "minisgl:e2e_request_latency" in body
+        assert 'minisgl_request_success_total{finished_reason="length"} 1.0' in body
+        assert "minisgl_time_to_first_token_seconds_count 1.0" in body
+        assert "minisgl_prompt_tokens_total 3.0" in body
+        assert "minisgl_generation_tokens_total 5.0" in body
+        assert "minisgl_prefix_cache_hit_rate" in body and "minisgl_e2e_request_latency" in body
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:

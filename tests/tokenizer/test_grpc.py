@@ -193,10 +193,10 @@ def test_real_processes_env_metrics_and_sigterm(llama_dir: Path) -> None:
             assert reply.deltas[0].rid == 9 and reply.deltas[0].text
         page = urllib.request.urlopen(f"http://127.0.0.1:{ports['tokenizer'][1]}/metrics",
                                       timeout=10).read().decode()
-        assert 'minisgl:tokenizer_items_total{kind="text"} 1.0' in page
+        assert 'minisgl_tokenizer_items_total{kind="text"} 1.0' in page
         page = urllib.request.urlopen(f"http://127.0.0.1:{ports['detokenizer'][1]}/metrics",
                                       timeout=10).read().decode()
-        assert "minisgl:detokenizer_tokens_total 2.0" in page
+        assert "minisgl_detokenizer_tokens_total 2.0" in page
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)

@@ -26,11 +26,14 @@ def test_triton_draw_equals_torch_reference():
     x[1, ::3] = -math.inf  # filtered tokens
     x[2, :] = -math.inf
     x[2, 1234] = 0.5  # a single survivor
-    seeds = torch.randint(0, 2**62, (batch,), generator=gen)
-    keys = ops.row_keys(seeds, torch.arange(batch) * 1000)
+    seeds = torch.randint(0, 2**63 - 1, (batch,), generator=gen)
+    seeds[0] = 2**63 - 1  # the extremes of the seed range
+    seeds[1] = 0
+    positions = torch.arange(batch) * 1000 + 7
+    keys = ops.row_keys(seeds, positions)
     expect = ops.gumbel_argmax_torch(x, keys, ops.token_hashes(vocab, x.device))
     for chunks in (1, 3):
-        got = tsampling.gumbel_argmax(x, keys, num_chunks=chunks)
+        got = tsampling.gumbel_argmax(x, seeds, positions, num_chunks=chunks)
         assert got.tolist() == expect.tolist()
     assert int(expect[2]) == 1234 and int(expect[1]) % 3 != 0
 
@@ -38,6 +41,7 @@ def test_triton_draw_equals_torch_reference():
 def test_triton_ties_pick_the_lowest_index():
     x = torch.full((1, 3000), -math.inf)
     x[0, [5, 2100]] = 1e30  # noise cannot separate these: a tie
-    keys = torch.tensor([7])
-    assert int(tsampling.gumbel_argmax(x, keys, num_chunks=2)) == 5
+    seeds, positions = torch.tensor([7]), torch.tensor([3])
+    assert int(tsampling.gumbel_argmax(x, seeds, positions, num_chunks=2)) == 5
+    keys = ops.row_keys(seeds, positions)
     assert int(ops.gumbel_argmax_torch(x, keys, ops.token_hashes(3000, x.device))) == 5

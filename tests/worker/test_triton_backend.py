@@ -163,9 +163,11 @@ def test_engine_triton_with_graph_runner_matches_torch(tiny_model_path, referenc
     from minisgl_worker.cuda_graph import CudaGraphRunner
     from minisgl_worker.engine import Engine, EngineConfig
 
+    # max_model_len 300: graph decode runs with 2 fixed splits, the second empty for these rows.
     engine = Engine(EngineConfig(model_path=str(tiny_model_path), attention_backend="triton",
-                                 page_size=4, max_slots=4, kv_cache_tokens=64))
+                                 page_size=4, max_slots=4, kv_cache_tokens=64, max_model_len=300))
     runner = CudaGraphRunner(engine.model, engine.backend, engine.pool, max_bs=4, eager=True)
+    assert engine.backend._graph_splits(4) == 2
     assert runner.sizes == [1, 2, 4] and runner.graph_size(3) == 4
     engine.graph_runner = runner  # the engine builds one only on CUDA
     assert _generate(engine) == reference_tokens

@@ -1,4 +1,7 @@
-"""Prometheus helpers: one exporter per process, metric names prefixed `minisgl:` like vLLM's `vllm:`.
+"""Prometheus helpers: one exporter per process, metric names prefixed `minisgl_`.
+
+vLLM names its metrics `vllm:...`; we avoid the colon, which Prometheus reserves for recording rules
+and which current prometheus_client escapes to `_` when a scraper negotiates OpenMetrics.
 
 Histogram buckets follow vLLM/SGLang so their Grafana panels carry over.
 """
@@ -9,7 +12,7 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-PREFIX = "minisgl:"
+PREFIX = "minisgl_"
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0)

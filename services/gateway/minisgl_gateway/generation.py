@@ -54,6 +54,10 @@ class Usage:
 
 class Generation:
     def __init__(self, gateway: Gateway, job: Job) -> None:
+        # Checked first: nothing below may be sized by an unchecked n (gRPC n is a uint32).
+        info = gateway.info
+        gateway.check_model(job.model)
+        check_job(job, gateway.limits, info.max_model_len, info.vocab_size)
         self.gateway = gateway
         self.job = job
         self.arrival = time.monotonic()
@@ -75,8 +79,6 @@ class Generation:
         """Checks, tokenizes and submits; raises ApiError when the request cannot run."""
         gw, job = self.gateway, self.job
         info = gw.info
-        gw.check_model(job.model)
-        check_job(job, gw.limits, info.max_model_len, info.vocab_size)
         prompts = await gw.tokenize(job)
         budgets = [resolve_max_tokens(job, len(ids), info.max_model_len, gw.limits)
                    for ids in prompts]

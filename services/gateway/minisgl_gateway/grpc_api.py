@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     generation_pb2,
@@ -27,8 +29,56 @@ from minisgl_gateway.job import Job
 
 log = logging.getLogger(__name__)
 
+SERVICE_NAME = "minisgl.v1.Generation"
 _FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+class Undecodable:
+    """Stands in for a request whose bytes are not a valid message (e.g. bad UTF-8 in a string)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    # grpc's own deserialization failure surfaces as UNKNOWN; the client deserves a 400-class code.
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return parse(raw)
+        except DecodeError as exc:
+            return Undecodable(str(exc))
+
+    return deserialize
+
+
+def add_to_server(service: GenerationService, server: grpc.aio.Server) -> None:
+    """Like the generated add_GenerationServicer_to_server, with lenient deserializers."""
+    gen, chat = generation_pb2.GenerateRequest, generation_pb2.ChatRequest
+    out = generation_pb2.GenerateResponse.SerializeToString
+    handlers = {
+        "Generate": grpc.unary_unary_rpc_method_handler(
+            service.Generate, _lenient(gen.FromString), out),
+        "GenerateStream": grpc.unary_stream_rpc_method_handler(
+            service.GenerateStream, _lenient(gen.FromString), out),
+        "Chat": grpc.unary_unary_rpc_method_handler(
+            service.Chat, _lenient(chat.FromString), out),
+        "ChatStream": grpc.unary_stream_rpc_method_handler(
+            service.ChatStream, _lenient(chat.FromString), out),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            service.ListModels, _lenient(generation_pb2.ListModelsRequest.FromString),
+            generation_pb2.ListModelsResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
+def _job(method: str, request: object) -> Job:
+    if isinstance(request, Undecodable):
+        raise invalid(f"the request is not a valid message: {request.reason}")
+    if method.startswith("Chat"):
+        return chat_job(request)  # type: ignore[arg-type]
+    return generate_job(request)  # type: ignore[arg-type]
 
 
 def generate_job(request: generation_pb2.GenerateRequest) -> Job:
@@ -110,7 +160,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         gen: Generation | None = None
         try:
             self._auth(context)
-            job = chat_job(request) if method == "Chat" else generate_job(request)  # type: ignore
+            job = _job(method, request)
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)
                 await gen.start()
@@ -137,7 +187,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         gen: Generation | None = None
         try:
             self._auth(context)
-            job = chat_job(request) if method == "ChatStream" else generate_job(request)  # type: ignore
+            job = _job(method, request)
             request_id = job.request_id or secrets.token_hex(12)
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)

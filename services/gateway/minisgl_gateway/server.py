@@ -19,12 +19,12 @@ import grpc
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from minisgl_core.proto.minisgl.v1 import generation_pb2, generation_pb2_grpc
+from minisgl_core.proto.minisgl.v1 import generation_pb2
 from minisgl_core.serving import GRPC_OPTIONS
 
 from minisgl_gateway.config import GatewayConfig
 from minisgl_gateway.core import Gateway
-from minisgl_gateway.grpc_api import GenerationService
+from minisgl_gateway.grpc_api import GenerationService, add_to_server
 from minisgl_gateway.http_api import create_app
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,7 @@ class GatewayServer:
         self.gateway = Gateway(config)
         self.health = health.aio.HealthServicer()
         self.grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
-        generation_pb2_grpc.add_GenerationServicer_to_server(GenerationService(self.gateway),
-                                                             self.grpc_server)
+        add_to_server(GenerationService(self.gateway), self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         reflection.enable_server_reflection(
             [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], self.grpc_server)

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the scheduler, named like vLLM's (`vllm:` -> `minisgl:`).
+"""Prometheus metrics of the scheduler, named like vLLM's (`vllm:` -> `minisgl_`).
 
 Gauges mirror `SchedulerStats` after every loop iteration; counters advance by the difference since
 the last update, so the core stays free of metrics code. Latency histograms are fed from token

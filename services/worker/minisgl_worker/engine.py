@@ -61,6 +61,10 @@ class Engine(StepExecutor):
 
             self._followers = init_rank(config, self.device)
         self.model_config = mc = ModelConfig.load(config.model_path, config.hf_overrides)
+        outside = [t for t in mc.eos_token_ids if not 0 <= t < mc.vocab_size]
+        if outside:  # e.g. a vocab_size override for a small dummy model
+            log.warning("eos token ids %s lie outside the vocabulary; ignored", outside)
+            mc.eos_token_ids = [t for t in mc.eos_token_ids if 0 <= t < mc.vocab_size]
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if mc.sliding_window and mc.sliding_window < self.max_model_len:
             log.warning("sliding-window attention is not implemented: capping max_model_len "

@@ -59,7 +59,7 @@ def checkpoint_files(model_path: str | Path) -> list[Path]:
 
 def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -> None:
     params = dict(model.named_parameters())
-    loaded: set[str] = set()
+    loaded: dict[str, set[object]] = {}  # parameter -> shard ids filled
     for path in files:
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
@@ -72,10 +72,12 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
                     log.warning("checkpoint tensor %s matches no parameter; skipped", name)
                     continue
                 param.weight_loader(param, f.get_slice(name), shard_id)  # type: ignore[attr-defined]
-                loaded.add(pname)
-    missing = sorted(set(params) - loaded)
+                loaded.setdefault(pname, set()).add(shard_id)
+    missing = sorted(name for name, p in params.items()
+                     if len(loaded.get(name, ())) < p.num_shards)  # type: ignore[attr-defined]
     if missing:
-        raise ValueError(f"checkpoint lacks {len(missing)} parameters, e.g. {missing[:5]}")
+        raise ValueError(f"checkpoint lacks tensors for {len(missing)} parameters, e.g. "
+                         f"{missing[:5]}")
 
 
 def init_dummy(model: CausalLM, seed: int) -> None:

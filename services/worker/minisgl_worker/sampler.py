@@ -191,10 +191,9 @@ class Sampler:
                 x = ops.apply_top_k(x, top_k, plan.max_k)
             if plan.min_p:
                 x = ops.apply_min_p(x, df[:, _MIN_P])
-            if self._tok_hash is None:
+            if self._tok_hash is None and not x.is_cuda:
                 self._tok_hash = ops.token_hashes(self.vocab_size, x.device)
-            keys = ops.row_keys(di[:, _SEED], positions.to(torch.int64))
-            tokens = ops.gumbel_argmax(x, keys, self._tok_hash)
+            tokens = ops.gumbel_argmax(x, di[:, _SEED], positions.to(torch.int64), self._tok_hash)
             if greedy_tokens is not None:
                 tokens = torch.where(greedy, greedy_tokens, tokens)
 

@@ -81,19 +81,23 @@ def gumbel_argmax_torch(x: torch.Tensor, keys: torch.Tensor, tok_hash: torch.Ten
     return best_idx
 
 
-def gumbel_argmax_triton(x: torch.Tensor, keys: torch.Tensor,
+def gumbel_argmax_triton(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                          num_chunks: int | None = None) -> torch.Tensor:
-    """Same result as `gumbel_argmax_torch` (up to float rounding of log on exact near-ties) in
-    one fused pass; CUDA tensors, or CPU tensors under TRITON_INTERPRET=1."""
+    """Same result as `gumbel_argmax_torch` with row_keys(seeds, positions) (up to the float
+    rounding of log on exact near-ties) in one fused pass; CUDA tensors, or CPU tensors under
+    TRITON_INTERPRET=1."""
     from .triton_kernels import sampling as kern
 
-    return kern.gumbel_argmax(x, keys, num_chunks)
+    return kern.gumbel_argmax(x, seeds, positions, num_chunks)
 
 
-def gumbel_argmax(x: torch.Tensor, keys: torch.Tensor, tok_hash: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                  tok_hash: torch.Tensor | None) -> torch.Tensor:
+    """The draw: the fused Triton kernel on CUDA, torch ops elsewhere (tok_hash needed there)."""
     if x.is_cuda:
-        return gumbel_argmax_triton(x, keys)
-    return gumbel_argmax_torch(x, keys, tok_hash)
+        return gumbel_argmax_triton(x, seeds, positions)
+    assert tok_hash is not None
+    return gumbel_argmax_torch(x, row_keys(seeds, positions), tok_hash)
 
 
 # -- logit processors (out of place; per-row parameters as [B] tensors) ------------------------

@@ -119,7 +119,7 @@ class FlashInferBackend(AttentionBackend):
         # cached prefix and new tokens up to itself, which is the extend semantics.
         self._prefill.plan(qo_indptr, indptr, indices.to(c.device, non_blocking=True), last,
                            c.num_qo_heads, c.num_kv_heads, c.head_dim, c.page_size,
-                           causal=False, sm_scale=c.scale, q_data_type=c.dtype,
+                           causal=True, sm_scale=c.scale, q_data_type=c.dtype,
                            kv_data_type=c.dtype, **self._plan_extra(batch))
         self._active = self._prefill
 

@@ -35,8 +35,9 @@ class ColumnParallelLinear(nn.Module):
         self.local_sizes = [shard(n, "output features") for n in out_sizes]
         self.offsets = [sum(self.local_sizes[:i]) for i in range(len(out_sizes))]
         out_local = sum(self.local_sizes)
-        self.weight = set_loader(new_param(out_local, in_features), self._load)
-        self.bias = set_loader(new_param(out_local), self._load) if bias else None
+        n = len(out_sizes)
+        self.weight = set_loader(new_param(out_local, in_features), self._load, n)
+        self.bias = set_loader(new_param(out_local), self._load, n) if bias else None
 
     def _load(self, param: nn.Parameter, src: WeightSource, shard_id: int | None = None) -> None:
         i = shard_id or 0

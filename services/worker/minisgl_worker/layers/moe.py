@@ -33,8 +33,9 @@ class SparseMoeBlock(nn.Module):
         self.inter_local = shard(intermediate_size, "moe_intermediate_size")
         self.gate = ReplicatedLinear(hidden_size, num_experts)  # the router
         self.w13 = set_loader(new_param(num_experts, 2 * self.inter_local, hidden_size),
-                              self._load_w13)
-        self.w2 = set_loader(new_param(num_experts, hidden_size, self.inter_local), self._load_w2)
+                              self._load_w13, 2 * num_experts)
+        self.w2 = set_loader(new_param(num_experts, hidden_size, self.inter_local), self._load_w2,
+                             num_experts)
         self.experts_fn: ExpertsFn = fused_moe
 
     def _load_w13(self, param: nn.Parameter, src: WeightSource, shard_id: tuple[int, int]) -> None:

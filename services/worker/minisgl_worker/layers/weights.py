@@ -45,8 +45,11 @@ def default_loader(param: torch.nn.Parameter, src: WeightSource, shard_id: Any =
     param.data.copy_(read(src))
 
 
-def set_loader(param: torch.nn.Parameter, loader: Loader) -> torch.nn.Parameter:
+def set_loader(param: torch.nn.Parameter, loader: Loader,
+               num_shards: int = 1) -> torch.nn.Parameter:
+    """`num_shards`: how many checkpoint tensors (distinct shard ids) fill this parameter."""
     param.weight_loader = loader  # type: ignore[attr-defined]
+    param.num_shards = num_shards  # type: ignore[attr-defined]
     return param
 
 

@@ -25,11 +25,19 @@ def _hash32(x):
 
 
 @triton.jit
-def _gumbel_argmax_kernel(x_ptr, keys_ptr, part_val_ptr, part_idx_ptr, vocab, stride_x, chunk,
-                          num_chunks, BLOCK: tl.constexpr):
+def _row_key(seed, position):
+    """`sampling_kernels.row_keys` for one row (seed < 2**63 and position >= 0, int64)."""
+    k = _hash32((seed & 0xFFFFFFFF).to(tl.uint32) ^ 0x9E3779B9)
+    k = _hash32(k ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    return _hash32(k ^ (position & 0xFFFFFFFF).to(tl.uint32))
+
+
+@triton.jit
+def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, part_val_ptr, part_idx_ptr, vocab,
+                          stride_x, chunk, num_chunks, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
-    key = tl.load(keys_ptr + row).to(tl.uint32)
+    key = _row_key(tl.load(seeds_ptr + row).to(tl.int64), tl.load(positions_ptr + row).to(tl.int64))
     start = c * chunk
     end = tl.minimum(start + chunk, vocab)
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -52,9 +60,11 @@ def _gumbel_argmax_kernel(x_ptr, keys_ptr, part_val_ptr, part_idx_ptr, vocab, st
     tl.store(part_idx_ptr + row * num_chunks + c, idx.to(tl.int64))
 
 
-def gumbel_argmax(x: torch.Tensor, keys: torch.Tensor,
+def gumbel_argmax(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                   num_chunks: int | None = None) -> torch.Tensor:
-    """argmax_j(x[b, j] + gumbel(keys[b], j)) per row; x [B, V] float32, keys [B] int64."""
+    """argmax_j(x[b, j] + gumbel(row_key(seeds[b], positions[b]), j)) per row; x [B, V] float32,
+    seeds and positions [B] int64. The row keys are hashed in the kernel: a dozen fewer tiny
+    launches per step than computing them with torch ops."""
     batch, vocab = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -66,7 +76,8 @@ def gumbel_argmax(x: torch.Tensor, keys: torch.Tensor,
     part_val = torch.empty(batch, num_chunks, dtype=torch.float32, device=x.device)
     part_idx = torch.empty(batch, num_chunks, dtype=torch.int64, device=x.device)
     _gumbel_argmax_kernel[(batch, num_chunks)](
-        x, keys.contiguous(), part_val, part_idx, vocab, x.stride(0), chunk, num_chunks,
+        x, seeds.contiguous(), positions.contiguous(), part_val, part_idx, vocab, x.stride(0),
+        chunk, num_chunks,
         BLOCK=_BLOCK, num_warps=4)
     best = part_val.argmax(dim=1, keepdim=True)
     return part_idx.gather(1, best).squeeze(1)

@@ -1,0 +1,35 @@
+"""Tensor parallelism on CPU: two real processes over gloo give TP=1's logits and tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from minisgl_core.step import ReqPlan, StepPlan
+from minisgl_worker.engine import Engine, EngineConfig
+
+from .driver import run_requests
+from .test_models import PROMPTS
+
+PAGE = 4
+
+
+def _run(path: object, tp: int) -> tuple[torch.Tensor, list[list[int]]]:
+    engine = Engine(EngineConfig(model_path=str(path), page_size=PAGE, num_pages=64,
+                                 max_slots=4, tp_size=tp))
+    try:
+        assert engine.info().tp_size == tp
+        logits = engine.forward_logits(StepPlan(0, [ReqPlan(0, 0, 0, PROMPTS[0], 0,
+                                                            [0, 1, 2, 3])]))
+        tokens = run_requests(engine, PROMPTS, 6, PAGE, first_page=8)
+        return logits, tokens
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_tp2_equals_tp1(tiny_model, arch: str) -> None:  # noqa: ANN001
+    path = tiny_model(arch)
+    logits1, tokens1 = _run(path, 1)
+    logits2, tokens2 = _run(path, 2)
+    torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=1e-4)
+    assert tokens2 == tokens1
