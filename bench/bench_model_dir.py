@@ -20,7 +20,8 @@ def make(config_dir: str, out_dir: str) -> Path:
 
     src, out = Path(config_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(src / "config.json", out / "config.json")
+    if src.resolve() != out.resolve():
+        shutil.copy(src / "config.json", out / "config.json")
     cfg = json.loads((src / "config.json").read_text())
     vocab_size = cfg["vocab_size"]
     eos = cfg.get("eos_token_id", vocab_size - 1)
