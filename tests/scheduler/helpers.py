@@ -1,10 +1,17 @@
-"""Helpers for the scheduler tests: drive a Scheduler over the fake GPU and gather its events."""
+"""Helpers for the scheduler tests: drive a Scheduler and gather its events; a Connect client."""
 
 from __future__ import annotations
 
+import queue
+import socket
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from minisgl_core.sampling import SamplingParams
 from minisgl_scheduler import FinishReason, Scheduler, SchedulerError, TokenEvent
+from minisgl_scheduler.convert import sampling_to_proto
 
 
 @dataclass
@@ -57,3 +64,46 @@ def assert_all_pages_back(sched: Scheduler) -> None:
     sched.check_invariants()
     sched.kv.drop_cache()
     assert sched.kv.free_pages == st.total_pages
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Conn:
+    """One Connect stream driven from the test."""
+
+    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub) -> None:
+        self.requests: queue.Queue = queue.Queue()
+        self.call = stub.Connect(self._iter(), timeout=30)
+        self.tokens: dict[int, list[int]] = {}
+        self.final: dict[int, scheduler_pb2.TokenUpdate] = {}
+        self.responses = 0
+
+    def _iter(self) -> Iterator[scheduler_pb2.ConnectRequest]:
+        while (item := self.requests.get()) is not None:
+            yield item
+
+    def send(self, submits: list[tuple[int, list[int], SamplingParams]] = (),  # type: ignore[assignment]
+             aborts: list[int] = ()) -> None:  # type: ignore[assignment]
+        self.requests.put(scheduler_pb2.ConnectRequest(
+            submits=[scheduler_pb2.SubmitItem(rid=rid, input_ids=ids,
+                                              sampling=sampling_to_proto(sp))
+                     for rid, ids, sp in submits],
+            aborts=list(aborts)))
+
+    def read_until(self, done: Callable[[], bool], timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, "timed out waiting for updates"
+            resp = next(self.call)
+            self.responses += 1
+            rids = [u.rid for u in resp.updates]
+            assert len(rids) == len(set(rids)), "one update per request per step"
+            for u in resp.updates:
+                assert u.rid not in self.final, "update after the final one"
+                self.tokens.setdefault(u.rid, []).extend(u.token_ids)
+                if u.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                    self.final[u.rid] = u

@@ -5,14 +5,12 @@ refusals, a worker that dies, and the `python -m minisgl_scheduler` process itse
 from __future__ import annotations
 
 import os
-import queue
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,20 +18,12 @@ from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2, scheduler_p
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.serving import ServiceHost, channel, wait_for_health
 from minisgl_scheduler import Scheduler, SchedulerConfig
-from minisgl_scheduler.convert import sampling_to_proto
 from minisgl_scheduler.server import SchedulerService
 from minisgl_scheduler.worker_client import WorkerClient
 
 from .fake_executor import FakeExecutor, reference
 from .fake_worker import start_fake_worker
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from .helpers import Conn, free_port
 
 
 class Stack:
@@ -72,43 +62,6 @@ class Stack:
                 return load
             time.sleep(0.02)
         raise AssertionError(f"scheduler not idle: {self.load()}")
-
-
-class Conn:
-    """One Connect stream driven from the test."""
-
-    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub) -> None:
-        self.requests: queue.Queue = queue.Queue()
-        self.call = stub.Connect(self._iter(), timeout=30)
-        self.tokens: dict[int, list[int]] = {}
-        self.final: dict[int, scheduler_pb2.TokenUpdate] = {}
-        self.responses = 0
-
-    def _iter(self) -> Iterator[scheduler_pb2.ConnectRequest]:
-        while (item := self.requests.get()) is not None:
-            yield item
-
-    def send(self, submits: list[tuple[int, list[int], SamplingParams]] = (),  # type: ignore[assignment]
-             aborts: list[int] = ()) -> None:  # type: ignore[assignment]
-        self.requests.put(scheduler_pb2.ConnectRequest(
-            submits=[scheduler_pb2.SubmitItem(rid=rid, input_ids=ids,
-                                              sampling=sampling_to_proto(sp))
-                     for rid, ids, sp in submits],
-            aborts=list(aborts)))
-
-    def read_until(self, done: Callable[[], bool], timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            assert time.monotonic() < deadline, "timed out waiting for updates"
-            resp = next(self.call)
-            self.responses += 1
-            rids = [u.rid for u in resp.updates]
-            assert len(rids) == len(set(rids)), "one update per request per step"
-            for u in resp.updates:
-                assert u.rid not in self.final, "update after the final one"
-                self.tokens.setdefault(u.rid, []).extend(u.token_ids)
-                if u.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                    self.final[u.rid] = u
 
 
 @pytest.fixture
@@ -276,14 +229,14 @@ def test_service_process_help_metrics_and_sigterm(tmp_path: Path) -> None:
             assert list(conn.call) == []  # the server ends the stream when it stops
         for name in ("minisgl_num_requests_running", "minisgl_num_requests_waiting",
                      "minisgl_kv_cache_usage_perc", "minisgl_num_preemptions_total",
-                     "minisgl_prefix_cache_hits_total", "minisgl_time_to_first_token_seconds",
-                     "minisgl_inter_token_latency_seconds"):
+                     "minisgl_prefix_cache_hits_total", "minisgl_scheduler_time_to_first_token_seconds",
+                     "minisgl_scheduler_inter_token_latency_seconds"):
             assert name in body, name
         assert 'minisgl_request_success_total{finished_reason="length"} 1.0' in body
-        assert "minisgl_time_to_first_token_seconds_count 1.0" in body
-        assert "minisgl_prompt_tokens_total 3.0" in body
-        assert "minisgl_generation_tokens_total 5.0" in body
-        assert "minisgl_prefix_cache_hit_rate" in body and "minisgl_e2e_request_latency" in body
+        assert "minisgl_scheduler_time_to_first_token_seconds_count 1.0" in body
+        assert "minisgl_scheduler_prompt_tokens_total 3.0" in body
+        assert "minisgl_scheduler_generation_tokens_total 5.0" in body
+        assert "minisgl_prefix_cache_hit_rate" in body and "minisgl_scheduler_e2e_request_latency" in body
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:

@@ -1,5 +1,7 @@
 """Prometheus metrics of the scheduler, named like vLLM's (`vllm:` -> `minisgl_`).
 
+Client-facing latency and token totals are the gateway's (`minisgl_time_to_first_token_seconds`,
+...); the scheduler's own copies carry a `scheduler_` prefix so dashboards never count twice.
 Gauges mirror `SchedulerStats` after every loop iteration; counters advance by the difference since
 the last update, so the core stays free of metrics code. Latency histograms are fed from token
 events by the server, which knows when each request arrived.
@@ -36,17 +38,17 @@ class SchedulerMetrics:
         self.hits = m.counter("prefix_cache_hits", "Tokens served from the prefix cache")
         self.queries = m.counter("prefix_cache_queries", "Tokens looked up in the prefix cache")
         self.preemptions = m.counter("num_preemptions", "Requests preempted for lack of KV pages")
-        self.prompt_tokens = m.counter("prompt_tokens", "Prompt tokens of accepted requests")
+        self.prompt_tokens = m.counter("scheduler_prompt_tokens", "Prompt tokens of accepted requests")
         self.computed_tokens = m.counter("prefill_computed_tokens",
                                          "Prefill tokens computed (cache misses, recomputation)")
-        self.generation_tokens = m.counter("generation_tokens", "Tokens generated")
+        self.generation_tokens = m.counter("scheduler_generation_tokens", "Tokens generated")
         self.finished = m.counter("request_success", "Requests that ended, by finish reason",
                                   ("finished_reason",))
-        self.ttft = m.histogram("time_to_first_token_seconds", "Time to first token",
+        self.ttft = m.histogram("scheduler_time_to_first_token_seconds", "Time to first token",
                                 m.TTFT_BUCKETS)
-        self.itl = m.histogram("inter_token_latency_seconds", "Time between output tokens",
+        self.itl = m.histogram("scheduler_inter_token_latency_seconds", "Time between output tokens",
                                m.ITL_BUCKETS)
-        self.e2e = m.histogram("e2e_request_latency_seconds", "Request latency in the scheduler",
+        self.e2e = m.histogram("scheduler_e2e_request_latency_seconds", "Request latency in the scheduler",
                                m.E2E_BUCKETS)
         self.step_time = m.histogram("step_duration_seconds", "One scheduler iteration",
                                      m.STEP_BUCKETS)

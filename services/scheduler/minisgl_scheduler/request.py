@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import TopLogprobs
@@ -89,3 +89,12 @@ class Request:
             and not self.prefilling
             and self.num_outputs + self.pending_samples < self.max_tokens
         )
+
+    def restart_params(self) -> SamplingParams:
+        """Sampling parameters for a (re)start in a slot. After preemption the worker only sees
+        tokens sampled in the new slot, so outputs already made count toward min_tokens here."""
+        params, done = self.params, self.num_outputs
+        if done == 0 or params.min_tokens == 0:
+            return params
+        return replace(params, min_tokens=max(0, params.min_tokens - done),
+                       max_tokens=max(1, params.max_tokens - done))

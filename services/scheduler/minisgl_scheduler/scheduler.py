@@ -18,7 +18,7 @@ import bisect
 import heapq
 import logging
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import ReqPlan, StepExecutor, StepOutput, StepPlan
@@ -263,7 +263,7 @@ class Scheduler:
             rid=req.rid, slot=req.slot, cache_len=req.computed, input_ids=input_ids,
             page_offset=0 if start else req.sent_pages,
             new_pages=list(req.pages) if start else req.pages[req.sent_pages :],
-            sample=sample, sampling=self._restart_params(req) if start else None,
+            sample=sample, sampling=req.restart_params() if start else None,
             history_ids=req.tokens[: req.computed] if start and params.needs_penalties else [],
         )
         step.plan.reqs.append(entry)
@@ -276,16 +276,6 @@ class Scheduler:
             req.pending_samples += 1
         if not input_ids:
             self._counters["decode"] += 1
-
-    @staticmethod
-    def _restart_params(req: Request) -> SamplingParams:
-        """What the worker needs on a (re)start: after preemption, outputs already made count
-        toward min_tokens (the worker only sees the tokens sampled in this slot)."""
-        params, done = req.params, req.num_outputs
-        if done == 0 or params.min_tokens == 0:
-            return params
-        return replace(params, min_tokens=max(0, params.min_tokens - done),
-                       max_tokens=max(1, params.max_tokens - done))
 
     # -- execution -----------------------------------------------------------------------------
 

@@ -93,7 +93,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 context: grpc.ServicerContext) -> Iterator[scheduler_pb2.ConnectResponse]:
         conn = _Conn(next(self._conn_ids))
         self._inbox.put(("open", conn))
-        context.add_callback(lambda: self._inbox.put(("drop", conn)))
+        if not context.add_callback(lambda: self._inbox.put(("drop", conn))):
+            self._inbox.put(("drop", conn))  # the RPC already ended
+            return
 
         def read() -> None:
             try:
