@@ -6,9 +6,9 @@ import time
 from collections.abc import Iterator
 
 import grpc
+from minisgl_core.convert import info_to_proto, output_to_proto, plan_from_proto
 from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from minisgl_core.serving import ServiceHost
-from minisgl_scheduler.convert import info_to_proto, output_to_proto, plan_from_proto
 
 from .fake_executor import FakeExecutor
 

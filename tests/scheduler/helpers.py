@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from minisgl_core.convert import sampling_to_proto
 from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from minisgl_core.sampling import SamplingParams
 from minisgl_scheduler import FinishReason, Scheduler, SchedulerError, TokenEvent
-from minisgl_scheduler.convert import sampling_to_proto
 
 
 @dataclass

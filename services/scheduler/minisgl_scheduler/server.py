@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from minisgl_core.convert import sampling_from_proto
 from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
-from minisgl_scheduler.convert import FINISH_TO_PROTO, error_to_proto, sampling_from_proto
+from minisgl_scheduler.convert import FINISH_TO_PROTO, error_to_proto
 from minisgl_scheduler.errors import ErrorCode, SchedulerError
 from minisgl_scheduler.metrics import SchedulerMetrics
 from minisgl_scheduler.request import FinishReason, TokenEvent

@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import grpc
+from minisgl_core.convert import info_from_proto, plan_to_proto
 from minisgl_core.proto.minisgl.v1 import worker_pb2, worker_pb2_grpc
 from minisgl_core.serving import channel
 from minisgl_core.step import StepExecutor, StepOutput, StepPlan, WorkerInfo
 
-from minisgl_scheduler.convert import info_from_proto, output_from_proto, plan_to_proto
+from minisgl_scheduler.convert import output_from_proto
 from minisgl_scheduler.errors import SchedulerError, WorkerFailed
 
 log = logging.getLogger(__name__)
