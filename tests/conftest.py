@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+
+# No GPU here: Triton kernels run in Triton's interpreter. It must be chosen before anything
+# imports triton, and any test module may be the first to do so.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path
 
-import pytest
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = ROOT / "models" / "tiny"

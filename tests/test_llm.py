@@ -72,10 +72,11 @@ def test_scheduling_choices_never_change_greedy_outputs(llm: LLM, tiny_model_pat
     with LLM(tiny_model_path, num_pages=1024, disable_overlap=True, cache="naive",
              **ENGINE) as plain:  # type: ignore[arg-type]
         assert _outputs(plain) == overlapped
-    # A pool too small for the batch + tiny prefill chunks: preemption, recomputation, chunking
-    # and prefix hits all happen, and the tokens stay the same.
+    # A pool too small for the batch, tiny prefill chunks and a queue shorter than the batch:
+    # preemption, recomputation, chunking, prefix hits and Overloaded retries all happen, and the
+    # tokens stay the same.
     with LLM(tiny_model_path, num_pages=14, max_prefill_tokens=6, decode_reserve_ratio=0.0,
-             **ENGINE) as squeezed:  # type: ignore[arg-type]
+             max_queued_requests=3, **ENGINE) as squeezed:  # type: ignore[arg-type]
         assert _outputs(squeezed) == overlapped
         stats = squeezed.scheduler.stats()
     assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0

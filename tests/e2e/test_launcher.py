@@ -44,12 +44,13 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
-def test_serve_starts_all_and_stops_all(tiny_model_path: Path, how: signal.Signals) -> None:
+def test_serve_starts_all_and_stops_all(tiny_model_path: Path, how: signal.Signals,
+                                        tmp_path: Path) -> None:
     http, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "minisgl.cli", "serve", "--model", str(tiny_model_path),
          "--port", str(http), "--grpc-port", str(grpc_port), "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE, stderr=open(tmp_path / "launcher.log", "w"), text=True,  # noqa: SIM115
         env={**os.environ, **{f"MINISGL_{s}_PORT": str(free_port())
                               for s in ("WORKER", "TOKENIZER", "DETOKENIZER", "SCHEDULER")}},
     )
@@ -58,7 +59,8 @@ def test_serve_starts_all_and_stops_all(tiny_model_path: Path, how: signal.Signa
         banner = ""
         while "Ctrl-C" not in banner:
             line = proc.stdout.readline()
-            assert line or proc.poll() is None, f"launcher exited: {proc.returncode}"
+            assert line or proc.poll() is None, (
+                f"launcher exited: {proc.returncode}\n{(tmp_path / 'launcher.log').read_text()[-4000:]}")
             banner += line
             assert time.monotonic() < deadline, banner
         assert f"http://127.0.0.1:{http}" in banner and f"127.0.0.1:{grpc_port}" in banner

@@ -1,11 +1,10 @@
 """Gateway fixtures.
 
 `gw_stack` is the real five-process stack (tests/conftest.py's `stack`). For work on the gateway
-alone it can instead be a gateway process in front of upstreams started elsewhere
-(MINISGL_GATEWAY_TEST_UPSTREAMS="tokenizer=H:P,detokenizer=H:P,scheduler=H:P") or in front of the
-scripted upstreams of fake_upstreams.py (MINISGL_GATEWAY_FAKE_STACK=1). Never the default.
+alone it can instead be a gateway process in front of real upstreams started elsewhere
+(MINISGL_GATEWAY_TEST_UPSTREAMS="tokenizer=H:P,detokenizer=H:P,scheduler=H:P"). Never the default.
 `spawn_gateway` starts one more real gateway process, with its own flags, in front of the same
-upstreams (API keys, small limits)."""
+upstreams (API keys, small limits, TLS, drain)."""
 
 from __future__ import annotations
 
@@ -22,8 +21,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from minisgl_core.serving import wait_for_health
-
-from .fake_upstreams import FakeUpstreams
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,27 +105,14 @@ def _wait_for_tls_health(gw: GatewayProcess, cert: Path, timeout: float) -> None
 
 
 @pytest.fixture(scope="session")
-def fake_upstreams() -> Iterator[FakeUpstreams]:
-    fakes = FakeUpstreams().start()
-    yield fakes
-    fakes.stop()
-
-
-def _fake_targets(fakes: FakeUpstreams) -> dict[str, str]:
-    return {n: fakes.target(n) for n in ("tokenizer", "detokenizer", "scheduler")}
-
-
-@pytest.fixture(scope="session")
 def gw_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[object]:
     external = os.environ.get("MINISGL_GATEWAY_TEST_UPSTREAMS", "")
-    if external:  # "tokenizer=HOST:PORT,detokenizer=HOST:PORT,scheduler=HOST:PORT"
-        targets = dict(pair.split("=", 1) for pair in external.split(","))
-    elif os.environ.get("MINISGL_GATEWAY_FAKE_STACK") == "1":
-        targets = _fake_targets(request.getfixturevalue("fake_upstreams"))
-    else:
+    if not external:
         yield request.getfixturevalue("stack")
         return
+    # "tokenizer=HOST:PORT,detokenizer=HOST:PORT,scheduler=HOST:PORT"
+    targets = dict(pair.split("=", 1) for pair in external.split(","))
     gw = start_gateway(targets, tmp_path_factory.mktemp("gw"))
     yield gw
     assert gw.stop() == 0

@@ -165,8 +165,11 @@ def test_concurrency_limit_gives_429_with_retry_after(spawn_gateway) -> None:
     opened = threading.Event()
     release = threading.Event()
 
+    card = httpx.get(gw.http_url + "/v1/models", timeout=30).json()["data"][0]
+    budget = card["max_model_len"] - 64  # long enough to still run during the check
+
     def hold() -> None:
-        body = comp(max_tokens=200, ignore_eos=True, stream=True)
+        body = comp(max_tokens=budget, ignore_eos=True, stream=True)
         with httpx.stream("POST", gw.http_url + COMP, json=body, timeout=60) as reply:
             for _ in reply.iter_lines():
                 opened.set()

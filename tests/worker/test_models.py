@@ -62,9 +62,9 @@ def test_greedy_generation_matches_hf(arch_case) -> None:  # noqa: ANN001
 
 
 def test_llama3_rope_scaling_matches_hf() -> None:
+    from minisgl_worker.layers.rotary import inv_frequencies
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    from minisgl_worker.layers.rotary import inv_frequencies
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}

@@ -86,7 +86,7 @@ def test_unseeded_requests_differ():
     s = make(max_slots=2)
     s.set_slot(0, SamplingParams(temperature=1.0), [])
     s.set_slot(1, SamplingParams(temperature=1.0), [])
-    out = run(s, torch.zeros(2, 32).repeat(1, 1), [0, 1], [0, 0])
+    out = run(s, torch.zeros(2, 32), [0, 1], [0, 0])
     draws = [out.token_ids.tolist()]
     for p in range(1, 8):
         draws.append(run(s, torch.zeros(2, 32), [0, 1], [p, p]).token_ids.tolist())

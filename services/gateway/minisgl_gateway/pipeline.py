@@ -99,7 +99,6 @@ class Pipeline:
         self._tasks: list[asyncio.Task[None]] = []
         self._flushes: set[asyncio.Task[None]] = set()
         self._closing = False
-        self.steps = 0  # ConnectResponses seen (tests, debugging)
 
     # -- public ------------------------------------------------------------------------------
 
@@ -139,10 +138,17 @@ class Pipeline:
 
     def cancel(self, seqs: list[Sequence]) -> None:
         """The client no longer wants these: abort upstream with the next ConnectRequest."""
+        running = {s.rid for s in seqs if not s.done}
         for seq in seqs:
-            if not seq.done:
-                seq.end(None)
-                self._abort(seq.rid)
+            seq.end(None)
+        # Not written yet: drop the submit instead of sending it together with its abort.
+        unsent = {item.rid for item in self._submits} & running
+        if unsent:
+            self._submits = [item for item in self._submits if item.rid not in unsent]
+            for rid in unsent:
+                del self._live[rid]
+        for rid in running - unsent:
+            self._abort(rid)
 
     async def close(self) -> None:
         self._closing = True
@@ -218,7 +224,6 @@ class Pipeline:
             call.cancel()
 
     async def _on_step(self, response: scheduler_pb2.ConnectResponse) -> None:
-        self.steps += 1
         batch: Batch = []
         updates: list[detokenizer_pb2.DetokenizeUpdate] = []
         for update in response.updates:

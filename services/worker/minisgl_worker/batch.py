@@ -36,6 +36,7 @@ class DeviceStep:
     sample_slots_host: list[int]
     sample_rids: list[int]
     decode_count: int
+    page_writes: torch.Tensor  # int64 [3, N]: (slot, column, page) entries new this step
 
 
 class PlanBuilder:
@@ -85,8 +86,9 @@ class PlanBuilder:
     # -- state + metadata -----------------------------------------------------------------------
 
     def build(self, plan: StepPlan) -> tuple[DeviceStep, np.ndarray]:
-        """Apply the plan to the host mirrors and build the step. Also returns the page-table
-        writes as an int64 [3, N] array (slot, column, page) for the device copy."""
+        """Apply the plan to the host mirrors and build the step (one host->device copy).
+        Also returns the step's page-table writes on the host, int64 [3, N] (slot, column,
+        page); `DeviceStep.page_writes` holds the same on the device."""
         reqs = plan.reqs
         writes = []
         for r in reqs:
@@ -135,13 +137,16 @@ class PlanBuilder:
                  np.array(sample_idx, dtype=np.int64), np.array(sample_slots, dtype=np.int64),
                  np.array(sample_pos, dtype=np.int64), np.array(decode_idx, dtype=np.int64),
                  np.array(decode_slots, dtype=np.int64), rows.reshape(-1)]
+        page_writes = (np.concatenate(writes, axis=1).astype(np.int64) if writes
+                       else np.zeros((3, 0), dtype=np.int64))
+        parts.append(page_writes.reshape(-1))
         sizes = [len(p) for p in parts]
         host = torch.from_numpy(np.concatenate(parts))
         if self.device.type == "cuda":
             host = host.pin_memory()
         dev = host.to(self.device, non_blocking=True)
         (ids_d, pos_d, loc_d, slots_d, cache_d, ext_d, seq_d, indptr_d, sidx_d, sslots_d, spos_d,
-         didx_d, dslots_d, rows_d) = dev.split(sizes)
+         didx_d, dslots_d, rows_d, writes_d) = dev.split(sizes)
         batch = ForwardBatch(
             batch_size=b, num_tokens=t, is_decode=b > 0 and bool((ext == 1).all()),
             page_size=ps, positions=pos_d, out_loc=loc_d, slots=slots_d,
@@ -153,7 +158,5 @@ class PlanBuilder:
             sample_indices=sidx_d,
         )
         step = DeviceStep(batch, ids_d, didx_d, dslots_d, sslots_d, spos_d, sample_slots, rids,
-                          len(decode_idx))
-        page_writes = (np.concatenate(writes, axis=1).astype(np.int64) if writes
-                       else np.zeros((3, 0), dtype=np.int64))
+                          len(decode_idx), writes_d.view(3, -1))
         return step, page_writes

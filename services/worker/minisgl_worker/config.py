@@ -53,9 +53,9 @@ class EngineConfig:
             raise ValueError(f"tp_rank={self.tp_rank} must be in [0, tp_size={self.tp_size})")
 
     def torch_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dev = torch.device(self.device)
+        if self.device == "auto" and not torch.cuda.is_available():
+            return torch.device("cpu")
+        dev = torch.device("cuda" if self.device == "auto" else self.device)
         if dev.type == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("device=cuda asked for, but torch sees no CUDA device")

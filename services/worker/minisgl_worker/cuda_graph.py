@@ -67,7 +67,7 @@ def pad_decode_batch(batch: ForwardBatch, bs: int, dummy_page: int) -> ForwardBa
         extend_lens=grow(batch.extend_lens, 1), seq_lens=grow(batch.seq_lens, 1),
         qo_indptr=torch.arange(bs + 1, dtype=i32, device=dev),
         page_table=torch.cat([batch.page_table.view(b, width),
-                              pad_table_host.to(dev, non_blocking=True)]),
+                              torch.full((n, width), dummy_page, dtype=i32, device=dev)]),
         cache_lens_host=batch.cache_lens_host + [0] * n,
         extend_lens_host=batch.extend_lens_host + [1] * n,
         seq_lens_host=batch.seq_lens_host + [1] * n,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -38,14 +39,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_tp(rank: int, size: int, init_method: str, device: torch.device) -> TPState:
+def init_tp(rank: int, size: int, init_method: str, device: torch.device,
+            timeout_s: float = 300.0) -> TPState:
     global _TP
     if size == 1:
         _TP = TPState()
         return _TP
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size)
-    cpu_group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    # The timeout bounds the rendezvous (a rank that died at start-up) and every collective.
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+                            timeout=timedelta(seconds=timeout_s))
+    # Plans go over their own gloo group whose timeout is "never": followers wait on it while the
+    # worker is idle, however long that is.
+    cpu_group = dist.new_group(backend="gloo", timeout=timedelta(days=365))
     _TP = TPState(rank, size, dist.group.WORLD, cpu_group)
     return _TP
 

@@ -13,6 +13,7 @@ rank runs the same step (see tp_workers.py for the other ranks).
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import deque
@@ -23,7 +24,7 @@ import torch
 from minisgl_core.step import StepExecutor, StepOutput, StepPlan, TopLogprobs, WorkerInfo
 
 from . import distributed as dist
-from .attention import AttentionConfig, create_backend, describe
+from .attention import AttentionConfig, backend_class, create_backend, describe, resolve_name
 from .batch import DeviceStep, InvalidPlan, PlanBuilder
 from .config import EngineConfig
 from .kv_pool import KVPool
@@ -60,6 +61,10 @@ class Engine(StepExecutor):
             from .tp_workers import init_rank
 
             self._followers = init_rank(config, self.device)
+        for name in (config.attention_backend, config.prefill_attention_backend,
+                     config.decode_attention_backend):  # a bad name fails before any loading
+            if name:
+                backend_class(resolve_name(name, self.device), self.device)
         self.model_config = mc = ModelConfig.load(config.model_path, config.hf_overrides)
         outside = [t for t in mc.eos_token_ids if not 0 <= t < mc.vocab_size]
         if outside:  # e.g. a vocab_size override for a small dummy model
@@ -190,6 +195,13 @@ class Engine(StepExecutor):
 
             stop_followers(self._followers)
             self._followers = None
+        # Drop the big tensors now rather than whenever the engine object is collected, so an
+        # in-process caller can build the next engine in the memory this one held.
+        for name in ("graph_runner", "backend", "model", "pool", "sampler", "last_tokens"):
+            setattr(self, name, None)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # -- one step on this rank --------------------------------------------------------------------
 
@@ -243,9 +255,9 @@ class Engine(StepExecutor):
 
     def _upload(self, plan: StepPlan) -> DeviceStep:
         """Host mirrors -> device: the step's metadata, page-table writes, decode inputs."""
-        step, page_writes = self.builder.build(plan)
-        if page_writes.shape[1]:
-            w = torch.from_numpy(page_writes).to(self.device, non_blocking=True)
+        step, _ = self.builder.build(plan)
+        w = step.page_writes
+        if w.shape[1]:
             self.pool.page_table[w[0], w[1]] = w[2].int()
         if step.decode_count:
             step.input_ids[step.decode_index] = self.last_tokens[step.decode_slots]

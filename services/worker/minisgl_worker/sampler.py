@@ -121,13 +121,13 @@ class Sampler:
         """Upload what set_slot / observe_inputs queued; `sample` calls it first."""
         if self._dirty:
             idx_h = torch.tensor(sorted(self._dirty), dtype=torch.int64)
-            idx = idx_h.to(self.device)
-            self._df[idx] = self._hf[idx_h].to(self.device)
-            self._di[idx] = self._hi[idx_h].to(self.device)
+            idx = self._upload(idx_h)
+            self._df[idx] = self._upload(self._hf[idx_h])
+            self._di[idx] = self._upload(self._hi[idx_h])
             if self._d_stop.shape[1] != self._h_stop.shape[1]:
-                self._d_stop = self._h_stop.to(self.device)
+                self._d_stop = self._upload(self._h_stop)
             else:
-                self._d_stop[idx] = self._h_stop[idx_h].to(self.device)
+                self._d_stop[idx] = self._upload(self._h_stop[idx_h])
             self._d_out_len[idx] = 0
             if self._seen is not None:
                 self._seen[idx] = False
@@ -138,9 +138,15 @@ class Sampler:
             assert self._seen is not None
             rows = [s for s, ids in self._pending_seen.items() for _ in ids]
             cols = [t for ids in self._pending_seen.values() for t in ids]
-            index = torch.tensor([rows, cols], dtype=torch.int64).to(self.device)
+            index = self._upload(torch.tensor([rows, cols], dtype=torch.int64))
             self._seen[index[0], index[1]] = True
             self._pending_seen.clear()
+
+    def _upload(self, t: torch.Tensor) -> torch.Tensor:
+        """Host -> device without a hidden sync: pageable uploads may wait for the stream."""
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     # -- the batched draw ------------------------------------------------------------------------
 

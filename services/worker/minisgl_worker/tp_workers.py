@@ -1,17 +1,20 @@
 """The processes of a tensor-parallel worker.
 
 Rank 0 is the `Engine` the scheduler drives. Unless `dist_init_method` is given (ranks started by
-hand, e.g. on several hosts), rank 0 spawns ranks 1..N-1 on this host. Those build the same
-Engine for their rank and loop: receive a plan broadcast by rank 0, run it, wait for it, repeat;
-a `None` plan means shut down.
+hand, e.g. on several hosts), rank 0 starts ranks 1..N-1 on this host as fresh interpreters
+(`python -m minisgl_worker.tp_workers CONFIG_JSON`: unlike multiprocessing's spawn, this never
+re-imports the caller's main script). Those build the same Engine for their rank and loop:
+receive a plan broadcast by rank 0, run it, wait for it, repeat; a `None` plan means shut down.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
-import multiprocessing as mp
+import subprocess
+import sys
 from dataclasses import dataclass, replace
-from multiprocessing.process import BaseProcess
 
 import torch
 
@@ -23,7 +26,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Followers:
-    procs: list[BaseProcess]
+    procs: list[subprocess.Popen]
 
 
 def init_rank(config: EngineConfig, device: torch.device) -> Followers | None:
@@ -34,14 +37,12 @@ def init_rank(config: EngineConfig, device: torch.device) -> Followers | None:
         if config.tp_rank != 0:
             raise ValueError("tp_rank > 0 needs dist_init_method (rank 0's rendezvous)")
         init = f"tcp://127.0.0.1:{dist.free_port()}"
-        ctx = mp.get_context("spawn")
-        procs: list[BaseProcess] = []
+        procs: list[subprocess.Popen] = []
         for rank in range(1, config.tp_size):
             cfg = replace(config, tp_rank=rank, dist_init_method=init, device=str(device.type))
-            p = ctx.Process(target=follower_main, args=(cfg, logging.getLogger().level),
-                            name=f"minisgl-tp{rank}", daemon=True)
-            p.start()
-            procs.append(p)
+            cmd = [sys.executable, "-m", "minisgl_worker.tp_workers",
+                   json.dumps(dataclasses.asdict(cfg)), str(logging.getLogger().level)]
+            procs.append(subprocess.Popen(cmd))
         followers = Followers(procs)
     dist.init_tp(config.tp_rank, config.tp_size, init, device)
     return followers
@@ -78,8 +79,13 @@ def stop_followers(followers: Followers, timeout: float = 30.0) -> None:
     except Exception:  # a follower died: the group is broken, just reap the processes
         log.exception("could not signal the TP ranks to stop")
     for p in followers.procs:
-        p.join(timeout)
-        if p.is_alive():
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
             p.terminate()
-            p.join(5.0)
+            p.wait(5.0)
     dist.destroy_tp()
+
+
+if __name__ == "__main__":
+    follower_main(EngineConfig(**json.loads(sys.argv[1])), int(sys.argv[2]))

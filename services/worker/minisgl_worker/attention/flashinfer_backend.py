@@ -35,16 +35,21 @@ def _import_flashinfer() -> Any:
     return flashinfer
 
 
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    """Uploads from pageable memory may wait for the stream (a hidden host sync): pin them."""
+    return t.pin_memory() if torch.cuda.is_available() else t
+
+
 def paged_kv_layout(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashInfer's CSR page layout from the host mirrors: kv_indptr [B+1], kv_indices (the used
-    prefix of each page-table row, concatenated), kv_last_page_len [B]; all int32 on the CPU."""
+    prefix of each page-table row, concatenated), kv_last_page_len [B]; int32, pinned CPU."""
     num_pages = torch.tensor(batch.num_pages_host(), dtype=torch.int32)
     indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32)
     torch.cumsum(num_pages, 0, out=indptr[1:])
     cols = torch.arange(batch.page_table_host.shape[1])
     indices = batch.page_table_host[cols[None, :] < num_pages[:, None]]
     last = torch.tensor(batch.last_page_len_host(), dtype=torch.int32)
-    return indptr, indices.to(torch.int32), last
+    return _pinned(indptr), _pinned(indices.to(torch.int32)), _pinned(last)
 
 
 class FlashInferBackend(AttentionBackend):
@@ -115,6 +120,7 @@ class FlashInferBackend(AttentionBackend):
         qo_indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32)
         torch.cumsum(torch.tensor(batch.extend_lens_host, dtype=torch.int32), 0,
                      out=qo_indptr[1:])
+        qo_indptr = _pinned(qo_indptr)
         # causal=True aligns each request's queries to the end of its KV: new token i sees the
         # cached prefix and new tokens up to itself, which is the extend semantics.
         self._prefill.plan(qo_indptr, indptr, indices.to(c.device, non_blocking=True), last,

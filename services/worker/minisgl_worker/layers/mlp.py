@@ -6,10 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused_ops
 from .linear import ColumnParallelLinear, RowParallelLinear
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if fused_ops.usable(x):
+        return fused_ops.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import fused_ops
+
 
 def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -46,7 +48,11 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, Hq, D], k [T, Hk, D]; positions int64 [T]."""
+        """q [T, Hq, D], k [T, Hk, D]; positions int64 [T]. On CUDA q and k are rotated in
+        place (they are views of this step's fresh QKV output) and returned."""
+        if fused_ops.usable(q) and q.stride(-1) == 1 and k.stride(-1) == 1:
+            fused_ops.rotary_(q, k, positions, self.cos, self.sin)
+            return q, k
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

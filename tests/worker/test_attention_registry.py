@@ -1,0 +1,80 @@
+"""Attention backends by name: clear start-up errors, never a silent fallback; hybrid routing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from minisgl_worker.attention import (
+    BackendUnavailable,
+    HybridBackend,
+    backend_class,
+    create_backend,
+    describe,
+)
+from minisgl_worker.attention.base import AttentionConfig, ForwardBatch
+from minisgl_worker.attention.torch_backend import TorchBackend
+from minisgl_worker.engine import Engine, EngineConfig
+from minisgl_worker.kv_pool import KVPool
+
+from .driver import run_requests
+from .test_engine import PROMPTS
+
+CPU = torch.device("cpu")
+
+
+def _config() -> AttentionConfig:
+    return AttentionConfig(4, 2, 16, 0.25, 4, 2, 8, 32, torch.float32, CPU)
+
+
+def _pool() -> KVPool:
+    return KVPool(1, 8, 4, 2, 16, torch.float32, CPU, 2, 8)
+
+
+@pytest.mark.parametrize("name", ["flashinfer", "fa3", "trtllm"])
+def test_gpu_backends_refused_on_cpu(name: str) -> None:
+    with pytest.raises(BackendUnavailable, match=f"{name}.*CUDA"):
+        create_backend(name, _config(), _pool())
+
+
+def test_triton_needs_cuda_unless_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(BackendUnavailable, match="CUDA"):
+        backend_class("triton", CPU)
+
+
+def test_unknown_backend_lists_the_choices() -> None:
+    with pytest.raises(BackendUnavailable, match="unknown attention backend 'fast'.*flashinfer"):
+        create_backend("fast", _config(), _pool())
+
+
+def test_auto_is_torch_on_cpu() -> None:
+    assert describe(create_backend("auto", _config(), _pool())) == "torch"
+
+
+def test_engine_fails_at_start_up(tiny_model) -> None:  # noqa: ANN001
+    for kw in ({"attention_backend": "flashinfer"}, {"decode_attention_backend": "fa3"}):
+        with pytest.raises(BackendUnavailable, match="CUDA"):
+            Engine(EngineConfig(model_path=str(tiny_model("qwen3")), num_pages=8, **kw))
+
+
+class _Counting(TorchBackend):
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.steps: list[bool] = []
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        self.steps.append(batch.is_decode)
+        super().prepare(batch)
+
+
+def test_hybrid_routes_prefill_and_decode(tiny_model) -> None:  # noqa: ANN001
+    engine = Engine(EngineConfig(model_path=str(tiny_model("qwen3")), page_size=4,
+                                 num_pages=64, max_slots=4))
+    expected = run_requests(engine, PROMPTS, 5, 4)
+    prefill, decode = _Counting(engine.backend.config, engine.pool), _Counting(
+        engine.backend.config, engine.pool)
+    engine.backend = HybridBackend(prefill, decode)
+    assert run_requests(engine, PROMPTS, 5, 4, chunk=6) == expected
+    assert prefill.steps and not any(prefill.steps)
+    assert decode.steps and all(decode.steps)
+    engine.close()
