@@ -13,9 +13,10 @@ import signal
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -27,6 +28,12 @@ from minisgl_core.proto.minisgl.v1 import (
     generation_pb2_grpc,
     scheduler_pb2,
 )
+from minisgl_gateway.config import GatewayConfig
+from minisgl_gateway.core import Gateway
+from minisgl_gateway.generation import Generation
+from minisgl_gateway.grpc_api import generate_job
+from minisgl_gateway.job import Job
+from minisgl_gateway.pipeline import Pipeline
 
 from .live_stack import (
     LiveStack,
@@ -241,10 +248,12 @@ class ConnectSpy(grpc.aio.StreamStreamClientInterceptor):
         self.calls = 0
         self.sent: list[scheduler_pb2.ConnectRequest] = []
 
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+    async def intercept_stream_stream(self, continuation: Callable[..., Any],
+                                      client_call_details: grpc.aio.ClientCallDetails,
+                                      request_iterator: AsyncIterator[Any]) -> Any:
         self.calls += 1
 
-        async def record():
+        async def record() -> AsyncIterator[Any]:
             async for message in request_iterator:
                 self.sent.append(message)
                 yield message
@@ -255,13 +264,8 @@ class ConnectSpy(grpc.aio.StreamStreamClientInterceptor):
 def test_submits_and_aborts_are_coalesced(upstream_targets: dict[str, str]) -> None:
     """The gateway's own classes in this process, over the real scheduler and detokenizer: the
     wire to the scheduler is observed by a client interceptor."""
-    from minisgl_gateway.config import GatewayConfig
-    from minisgl_gateway.core import Gateway
-    from minisgl_gateway.generation import Generation
-    from minisgl_gateway.grpc_api import generate_job
-    from minisgl_gateway.pipeline import Pipeline
 
-    def job(n: int, max_tokens: int) -> object:
+    def job(n: int, max_tokens: int) -> Job:
         return generate_job(generation_pb2.GenerateRequest(text=PROMPT, n=n, sampling=(
             common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True))))
 
@@ -304,7 +308,10 @@ def test_submits_and_aborts_are_coalesced(upstream_targets: dict[str, str]) -> N
                 seen |= {c.index for c in await anext(chunks) if c.token_ids}
             await chunks.aclose()
             gen.close()
-            await asyncio.sleep(0.2)
+            for _ in range(100):  # the writer task sends the aborts on its next turn
+                if len(spy.sent) > 1:
+                    break
+                await asyncio.sleep(0.02)
             assert [(len(m.submits), len(m.aborts)) for m in spy.sent] == [(6, 0), (0, 6)]
             assert spy.calls == 1  # one Connect stream for the whole gateway
         finally:

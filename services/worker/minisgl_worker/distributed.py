@@ -9,7 +9,9 @@ With tp_size == 1 every collective is a no-op and torch.distributed is never ini
 
 from __future__ import annotations
 
+import logging
 import socket
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class TPState:
@@ -56,10 +59,18 @@ def init_tp(rank: int, size: int, init_method: str, device: torch.device,
     return _TP
 
 
-def destroy_tp() -> None:
+def destroy_tp(timeout_s: float = 30.0) -> None:
+    """Leave the TP group. Every rank must call this at about the same time (NCCL tears its
+    communicators down together); a teardown that does not finish in time is abandoned with a
+    warning rather than hanging the caller."""
     global _TP
     if _TP.size > 1 and dist.is_initialized():
-        dist.destroy_process_group()
+        t = threading.Thread(target=dist.destroy_process_group, name="tp-destroy", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if t.is_alive():
+            log.warning("torch.distributed teardown did not finish in %.0fs; abandoned",
+                        timeout_s)
     _TP = TPState()
 
 

@@ -10,8 +10,11 @@ receive a plan broadcast by rank 0, run it, wait for it, repeat; a `None` plan m
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -37,6 +40,10 @@ def init_rank(config: EngineConfig, device: torch.device) -> Followers | None:
         if config.tp_rank != 0:
             raise ValueError("tp_rank > 0 needs dist_init_method (rank 0's rendezvous)")
         init = f"tcp://127.0.0.1:{dist.free_port()}"
+        # All ranks on this host: bootstrap gloo and NCCL over loopback. Left to themselves they
+        # use the hostname's interface, which in a sandbox may not route at all.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
         procs: list[subprocess.Popen] = []
         for rank in range(1, config.tp_size):
             cfg = replace(config, tp_rank=rank, dist_init_method=init, device=str(device.type))
@@ -78,14 +85,15 @@ def stop_followers(followers: Followers, timeout: float = 30.0) -> None:
         dist.broadcast_object(None)
     except Exception:  # a follower died: the group is broken, just reap the processes
         log.exception("could not signal the TP ranks to stop")
+    dist.destroy_tp()  # together with the followers, which do the same on the None plan
     for p in followers.procs:
         try:
             p.wait(timeout)
         except subprocess.TimeoutExpired:
             p.terminate()
             p.wait(5.0)
-    dist.destroy_tp()
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: where is it stuck
     follower_main(EngineConfig(**json.loads(sys.argv[1])), int(sys.argv[2]))
