@@ -1,11 +1,9 @@
 """Next-token logits at every position of a batch of sequences, from our worker engine.
 
-The engine's public step API returns sampled tokens (and the log-probability of the sampled one)
-at the last position only; perplexity needs every position. So this runs one prefill step
-through the engine's own machinery, minus the sampler: the plan is validated and built by the
-engine's PlanBuilder, the KV pages are written through its page table, and the hidden states
-come from `Engine._forward` (paged attention backend + the model the engine loaded) and
-`model.compute_logits`. The test cross-checks the last position against the public `step()`.
+`Engine.step()` samples at the last position only; perplexity needs every position, which
+`Engine.forward_logits(plan)` returns: the same plan validation, paged KV writes, attention
+backend and model as a step, minus the sampler. The test cross-checks the last position against
+the public `step()`.
 """
 
 from __future__ import annotations
@@ -29,14 +27,8 @@ def prefill_plan(seqs: torch.Tensor, page_size: int, step_id: int, sample: bool)
     return StepPlan(step_id=step_id, reqs=reqs)
 
 
-@torch.inference_mode()
 def engine_logits(engine, seqs: torch.Tensor) -> torch.Tensor:
     """seqs int64 [B, T] -> fp32 logits [B, T, vocab] (row t predicts token t + 1)."""
     plan = prefill_plan(seqs, engine.config.page_size, step_id=0, sample=False)
-    engine.builder.validate(plan)
-    step, writes = engine.builder.build(plan)
-    w = torch.from_numpy(writes).to(engine.device)
-    engine.pool.page_table[w[0], w[1]] = w[2].int()
-    hidden = engine._forward(step)
-    logits = engine.model.compute_logits(hidden).float()
+    logits = engine.forward_logits(plan).float()
     return logits.reshape(seqs.shape[0], seqs.shape[1], -1).cpu()
