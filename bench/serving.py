@@ -160,7 +160,7 @@ def in_process(args, workload) -> float:
     start = time.perf_counter()
     out = llm.generate([p for p, _ in workload], params)
     rate = sum(len(r["token_ids"]) for r in out) / (time.perf_counter() - start)
-    llm.shutdown()
+    llm.close()
     return rate
 
 
