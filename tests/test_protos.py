@@ -21,7 +21,7 @@ def _buf() -> Path:
     if shutil.which("npm") is None:
         pytest.skip("npm is not installed: buf (an npm package) cannot run here")
     if not BUF.exists():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=BUF_DIR,
+        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent"], cwd=BUF_DIR,
                        check=True)
     return BUF
 
