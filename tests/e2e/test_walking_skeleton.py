@@ -71,3 +71,42 @@ def test_grpc_generate_unary_and_stream(stack) -> None:
         assert "".join(c.text for m in streamed for c in m.choices) == text
         assert streamed[-1].choices[0].finish_reason in (common_pb2.FINISH_REASON_STOP,
                                                          common_pb2.FINISH_REASON_LENGTH)
+
+
+def _metric_total(text: str, name: str) -> float:
+    """Sum of every sample of `name` (all label sets) in a Prometheus text exposition."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            rest = line[len(name):]
+            if rest[:1] in (" ", "{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_one_request_moves_every_services_counter(stack) -> None:
+    """Proof that a request crossed all five services: each one's own work counter moved."""
+    counters = {
+        "gateway": (f"{stack.http_url}/metrics", "minisgl_http_requests_total"),
+        "tokenizer": (f"http://127.0.0.1:{stack.metrics_ports['tokenizer']}/metrics",
+                      "minisgl_tokenizer_items_total"),
+        "scheduler": (f"http://127.0.0.1:{stack.metrics_ports['scheduler']}/metrics",
+                      "minisgl_scheduler_prompt_tokens_total"),
+        "worker": (f"http://127.0.0.1:{stack.metrics_ports['worker']}/metrics",
+                   "minisgl_worker_steps_total"),
+        "detokenizer": (f"http://127.0.0.1:{stack.metrics_ports['detokenizer']}/metrics",
+                        "minisgl_detokenizer_tokens_total"),
+    }
+
+    def read() -> dict[str, float]:
+        return {svc: _metric_total(httpx.get(url, timeout=10).text, name)
+                for svc, (url, name) in counters.items()}
+
+    before = read()
+    reply = httpx.post(f"{stack.http_url}/v1/completions",
+                       json={"prompt": "And God said", "max_tokens": 6, "temperature": 0},
+                       timeout=60)
+    assert reply.status_code == 200, reply.text
+    after = read()
+    unmoved = [svc for svc in counters if not after[svc] > before[svc]]
+    assert not unmoved, (unmoved, before, after)

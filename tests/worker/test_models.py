@@ -75,3 +75,34 @@ def test_llama3_rope_scaling_matches_hf() -> None:
     plain = inv_frequencies(128, 500000.0, None)
     torch.testing.assert_close(ours, ref.float())
     assert not torch.allclose(ours, plain)  # the scaling really changes something
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_logits_match_hf_over_chunks_and_32_decode_steps(arch_case, page_size: int) -> None:  # noqa: ANN001
+    """Teacher-forced: a 13-token prompt in two chunks (5 + 8), then 32 one-token steps; every
+    position's logits against HF's over the whole 45-token sequence."""
+    _, path, hf = arch_case
+    seq = PROMPTS[0] + [(5 * i + 1) % VOCAB for i in range(32)]
+    with torch.no_grad():
+        ref = hf(torch.tensor([seq])).logits[0].float()
+    engine = make_engine(path, page_size=page_size, num_pages=64)
+    pages = list(range(-(-len(seq) // page_size)))
+    chunks = [(0, 5), (5, 13)] + [(i, i + 1) for i in range(13, len(seq))]
+    for step, (lo, hi) in enumerate(chunks):
+        req = ReqPlan(rid=0, slot=0, cache_len=lo, input_ids=seq[lo:hi],
+                      new_pages=pages if step == 0 else [], sample=False)
+        ours = engine.forward_logits(StepPlan(step, [req]))
+        torch.testing.assert_close(ours, ref[lo:hi], atol=2e-4, rtol=1e-4)
+    engine.close()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_greedy_32_tokens_match_hf(arch_case, page_size: int) -> None:  # noqa: ANN001
+    _, path, hf = arch_case
+    engine = make_engine(path, page_size=page_size, num_pages=256)
+    ours = run_requests(engine, PROMPTS, 32, page_size)
+    for p, got in zip(PROMPTS, ours, strict=True):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+        assert got == ref
+    engine.close()
