@@ -42,6 +42,8 @@ def main() -> int:
     p.add_argument("--max-running-requests", type=int, default=256)
     p.add_argument("--max-prefill-tokens", type=int, default=None)
     p.add_argument("--disable-overlap", action="store_true")
+    p.add_argument("--compare-overlap", action="store_true",
+                   help="run twice, overlap off then on, and report both (same outputs checked)")
     p.add_argument("--cache", default="radix", choices=["radix", "naive"])
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--num-seqs", type=int, default=256)
@@ -51,12 +53,31 @@ def main() -> int:
     p.add_argument("--json", default=None, help="append the result as a JSON line to this file")
     args = p.parse_args()
 
-    from minisgl.llm import LLM
-    from minisgl_core.sampling import SamplingParams
-
     prompts, out_lens = workload(args.num_seqs)
     if args.num_seqs == 256:
         assert (sum(map(len, prompts)), sum(out_lens)) == EXPECTED_TOKENS
+    runs = [True, False] if args.compare_overlap else [args.disable_overlap]
+    records, outputs = [], []
+    for disable_overlap in runs:
+        args.disable_overlap = disable_overlap
+        record, tokens = run_once(args, prompts, out_lens)
+        records.append(record)
+        outputs.append(tokens)
+    if args.compare_overlap and args.temperature == 0:
+        assert outputs[0] == outputs[1], "overlap on/off gave different greedy outputs"
+    for record in records:
+        print(json.dumps(record))
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(record) + "\n")
+    return 0
+
+
+def run_once(args: argparse.Namespace, prompts: list[list[int]],
+             out_lens: list[int]) -> tuple[dict, list[list[int]]]:
+    from minisgl.llm import LLM
+    from minisgl_core.sampling import SamplingParams
+
     kwargs = dict(load_format=args.load_format, tp_size=args.tp_size,
                   attention_backend=args.attention_backend, cache=args.cache,
                   disable_overlap=args.disable_overlap, disable_cuda_graph=args.disable_cuda_graph,
@@ -95,11 +116,8 @@ def main() -> int:
                        "roofline_s": round(floor["total_s"], 3),
                        "roofline_tok_s": round(produced / floor["total_s"], 1),
                        "pct_of_roofline": round(100 * floor["total_s"] / elapsed, 1)})
-    print(json.dumps(record))
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(record) + "\n")
-    return 0
+    llm.close()
+    return record, [r["token_ids"] for r in results]
 
 
 if __name__ == "__main__":

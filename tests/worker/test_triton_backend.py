@@ -247,6 +247,9 @@ def test_flashinfer_backend_plumbing(monkeypatch):
                                  BatchPrefillWithPagedKVCacheWrapper=_FakePrefill)
     monkeypatch.setitem(__import__("sys").modules, "flashinfer", fake)
     monkeypatch.setattr(fb.FlashInferBackend, "workspace_bytes", 1024)
+    # the stand-in computes in any dtype and head size; the real kernels refuse these at start-up
+    monkeypatch.setattr(fb.FlashInferBackend, "supported_dtypes", (torch.float32,))
+    monkeypatch.setattr(fb.FlashInferBackend, "supported_head_dims", (D,))
     pools = [make_pool(2), make_pool(2)]
     ref, fi = TorchBackend(CFG, pools[0]), fb.FlashInferBackend(CFG, pools[1])
     steps = [[(1, 0, 6), (3, 5, 3)], [(1, 6, 1), (3, 8, 1)], [(4, 0, 9), (1, 7, 1)]]

@@ -11,7 +11,11 @@
 
 CUDA graphs (decode): one decode wrapper per captured batch size, built with use_cuda_graph=True
 over static indptr / indices / last-page-len buffers shared by all of them (graphs never run
-concurrently); `prepare_for_replay` re-plans that wrapper, which refills the static buffers.
+concurrently); `prepare_for_replay` re-plans that wrapper, which refills the static buffers,
+and copies the step's out_loc into a static buffer too: the KV store is captured in the graph.
+
+Only fp16/bf16 and head_dim 64/128/256 (what FlashInfer 0.6.4 builds kernels for) are accepted;
+anything else is refused with a ValueError when the backend is built, not inside a step.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ import torch
 from .base import AttentionBackend, BackendUnavailable, ForwardBatch
 
 _WORKSPACE_BYTES = 256 * 1024 * 1024  # FlashInfer's split-K scratch (it recommends >= 128 MB)
+# What FlashInfer 0.6.4's paged prefill/decode kernels are built for: other head sizes fail to
+# JIT, and fp32 has no kernel at all (a KeyError deep inside plan()); refuse them at start-up.
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
 
 def _import_flashinfer() -> Any:
@@ -59,6 +67,8 @@ class FlashInferBackend(AttentionBackend):
     decode_impl: ClassVar[str] = "fa2"  # used when the decode wrapper runs on tensor cores
     decode_tensor_cores: ClassVar[bool | None] = None  # None: by GQA group size
     workspace_bytes: ClassVar[int] = _WORKSPACE_BYTES
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = SUPPORTED_DTYPES
+    supported_head_dims: ClassVar[tuple[int, ...]] = SUPPORTED_HEAD_DIMS
 
     @classmethod
     def check_available(cls, device: torch.device) -> None:
@@ -68,8 +78,9 @@ class FlashInferBackend(AttentionBackend):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        fi = self._fi = _import_flashinfer()
         c = self.config
+        self._check_config()
+        fi = self._fi = _import_flashinfer()
         self._workspace = torch.zeros(self.workspace_bytes, dtype=torch.uint8, device=c.device)
         group = c.num_qo_heads // c.num_kv_heads
         tc = self.decode_tensor_cores
@@ -81,6 +92,21 @@ class FlashInferBackend(AttentionBackend):
         self._graph_bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._active: Any = None
         self._out_loc: torch.Tensor | None = None
+        self._graph_out_loc = torch.zeros(0, dtype=torch.int64, device=c.device)
+
+    def _check_config(self) -> None:
+        c, name = self.config, self.name
+        if c.dtype not in self.supported_dtypes:
+            allowed = ", ".join(str(d).removeprefix("torch.") for d in self.supported_dtypes)
+            raise ValueError(
+                f"attention backend {name!r} does not support dtype "
+                f"{str(c.dtype).removeprefix('torch.')}; it supports {allowed} (use --dtype "
+                f"bfloat16, or --attention-backend triton or torch)")
+        if c.head_dim not in self.supported_head_dims:
+            allowed = ", ".join(map(str, self.supported_head_dims))
+            raise ValueError(
+                f"attention backend {name!r} does not support head_dim {c.head_dim}; FlashInfer "
+                f"kernels exist for head_dim {allowed} (use --attention-backend triton or torch)")
 
     def _new_decode_wrapper(self, bs: int = 0) -> Any:
         kwargs: dict[str, Any] = {"use_tensor_cores": self._tensor_cores}
@@ -145,6 +171,10 @@ class FlashInferBackend(AttentionBackend):
             torch.zeros(max_bs * c.max_pages_per_seq, dtype=torch.int32, device=c.device),
             torch.zeros(max_bs, dtype=torch.int32, device=c.device),
         )
+        # The KV store inside the graph reads out_loc from the address seen at capture, so it
+        # must be a static buffer refilled per replay, never the step's own (freed) tensor.
+        self._graph_out_loc = torch.full((max_bs,), self.pool.dummy_page * c.page_size,
+                                         dtype=torch.int64, device=c.device)
 
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
         if self._graph_bufs is None:
@@ -160,7 +190,9 @@ class FlashInferBackend(AttentionBackend):
             raise ValueError(f"no captured decode graph for batch size {batch.batch_size}")
         self._plan_decode(wrapper, batch)
         self._active = wrapper
-        self._out_loc = batch.out_loc
+        out_loc = self._graph_out_loc[: batch.batch_size]
+        out_loc.copy_(batch.out_loc, non_blocking=True)
+        self._out_loc = out_loc
 
 
 class FA3Backend(FlashInferBackend):
