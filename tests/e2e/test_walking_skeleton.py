@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import grpc
 import httpx
@@ -110,3 +111,24 @@ def test_one_request_moves_every_services_counter(stack) -> None:
     after = read()
     unmoved = [svc for svc in counters if not after[svc] > before[svc]]
     assert not unmoved, (unmoved, before, after)
+
+
+def test_stop_string_finishes_as_stop_in_the_scheduler(stack) -> None:
+    """A stop string found by the detokenizer ends the request upstream with reason STOP."""
+    body = {"prompt": "In the beginning", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    full = httpx.post(f"{stack.http_url}/v1/completions", json=body, timeout=60).json()
+    text = full["choices"][0]["text"]
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    assert stop.strip(), text
+    url = f"http://127.0.0.1:{stack.metrics_ports['scheduler']}/metrics"
+    name = 'minisgl_request_success_total{finished_reason="stop"}'
+    before = _metric_total(httpx.get(url, timeout=10).text, name)
+    reply = httpx.post(f"{stack.http_url}/v1/completions", json={**body, "stop": [stop]},
+                       timeout=60).json()
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["text"] == text[:text.index(stop)]
+    deadline = time.monotonic() + 10
+    while _metric_total(httpx.get(url, timeout=10).text, name) <= before:
+        assert time.monotonic() < deadline, "the scheduler did not record a STOP finish"
+        time.sleep(0.1)

@@ -91,6 +91,7 @@ class Pipeline:
         self._live: dict[int, Sequence] = {}  # rid -> sequence, until the scheduler's last update
         self._submits: list[scheduler_pb2.SubmitItem] = []
         self._aborts: set[int] = set()
+        self._stops: set[int] = set()  # ended by a stop string: finish upstream as STOP
         self._wake = asyncio.Event()
         self._sched_up = False
         self._detok_call: grpc.aio.StreamStreamCall | None = None
@@ -167,9 +168,9 @@ class Pipeline:
             if rid and rid not in self._live:
                 return rid
 
-    def _abort(self, rid: int) -> None:
+    def _abort(self, rid: int, stop: bool = False) -> None:
         if rid in self._live:
-            self._aborts.add(rid)
+            (self._stops if stop else self._aborts).add(rid)
             self._wake.set()
 
     async def _connect_loop(self) -> None:
@@ -200,6 +201,7 @@ class Pipeline:
                 metrics.UPSTREAM_STREAM_LOSSES.labels("scheduler").inc()
             self._submits.clear()
             self._aborts.clear()
+            self._stops.clear()
             self._fail_all(unavailable(f"lost the connection to the scheduler ({reason})",
                                        self._retry_after))
             await asyncio.sleep(backoff)
@@ -211,11 +213,13 @@ class Pipeline:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                if not self._submits and not self._aborts:
+                if not self._submits and not self._aborts and not self._stops:
                     continue
                 aborts = [rid for rid in self._aborts if rid in self._live]
-                request = scheduler_pb2.ConnectRequest(submits=self._submits, aborts=aborts)
-                self._submits, self._aborts = [], set()
+                stops = [rid for rid in self._stops if rid in self._live]
+                request = scheduler_pb2.ConnectRequest(submits=self._submits, aborts=aborts,
+                                                       stops=stops)
+                self._submits, self._aborts, self._stops = [], set(), set()
                 await call.write(request)
         except asyncio.CancelledError:
             raise
@@ -373,7 +377,7 @@ class Pipeline:
                               cached_tokens=update.cached_tokens)
             seq.num_tokens += len(tokens)
             if not update.finish_reason:
-                self._abort(seq.rid)  # still generating upstream: stop it
+                self._abort(seq.rid, stop=True)  # still generating upstream: stop it
             seq.end(event)
             return
         seq.num_tokens += len(tokens)

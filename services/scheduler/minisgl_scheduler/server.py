@@ -191,6 +191,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                     rid = conn.rids.get(client_rid)
                     if rid is not None:
                         self.sched.abort(rid)
+                for client_rid in msg.stops:  # a stop string matched downstream
+                    rid = conn.rids.get(client_rid)
+                    if rid is not None:
+                        self.sched.abort(rid, FinishReason.STOP)
         elif kind == "open":
             self._conns.add(cmd[1])
         elif kind == "half_close":

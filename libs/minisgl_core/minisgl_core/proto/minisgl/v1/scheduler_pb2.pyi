@@ -17,12 +17,14 @@ class SubmitItem(_message.Message):
     def __init__(self, rid: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class ConnectRequest(_message.Message):
-    __slots__ = ("submits", "aborts")
+    __slots__ = ("submits", "aborts", "stops")
     SUBMITS_FIELD_NUMBER: _ClassVar[int]
     ABORTS_FIELD_NUMBER: _ClassVar[int]
+    STOPS_FIELD_NUMBER: _ClassVar[int]
     submits: _containers.RepeatedCompositeFieldContainer[SubmitItem]
     aborts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, submits: _Optional[_Iterable[_Union[SubmitItem, _Mapping]]] = ..., aborts: _Optional[_Iterable[int]] = ...) -> None: ...
+    stops: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, submits: _Optional[_Iterable[_Union[SubmitItem, _Mapping]]] = ..., aborts: _Optional[_Iterable[int]] = ..., stops: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TokenUpdate(_message.Message):
     __slots__ = ("rid", "token_ids", "logprobs", "top_logprobs", "finish_reason", "error", "prompt_tokens", "cached_tokens")
