@@ -61,12 +61,21 @@ def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
     return msg
 
 
+def worker_sampling_from_proto(m: common_pb2.SamplingParams) -> SamplingParams:
+    """The worker's view: it never stops requests, so max_tokens only has to be consistent
+    with min_tokens. Raises InvalidParams for out-of-range values."""
+    params = sampling_from_proto(m)
+    params.max_tokens = max(1, m.max_tokens, m.min_tokens)
+    params.validate()
+    return params
+
+
 def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
     return StepPlan(step_id=msg.step_id, reqs=[
         ReqPlan(
             rid=m.rid, slot=m.slot, cache_len=m.cache_len, input_ids=list(m.input_ids),
             page_offset=m.page_offset, new_pages=list(m.new_pages), sample=m.sample,
-            sampling=sampling_from_proto(m.sampling) if m.HasField("sampling") else None,
+            sampling=worker_sampling_from_proto(m.sampling) if m.HasField("sampling") else None,
             history_ids=list(m.history_ids),
         )
         for m in msg.requests

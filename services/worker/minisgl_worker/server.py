@@ -18,13 +18,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+from minisgl_core.convert import info_to_proto, output_to_proto, plan_from_proto
 from minisgl_core.metrics import STEP_BUCKETS, counter, histogram
 from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from minisgl_core.sampling import InvalidParams
 from minisgl_core.step import StepExecutor
 
 from .batch import InvalidPlan
-from .convert import error_response, info_to_proto, output_to_proto, plan_from_proto
+from .convert import error_response
 
 log = logging.getLogger(__name__)
 _END = object()
