@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from minisgl_core.convert import sampling_from_proto
 from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
 from minisgl_core.sampling import InvalidParams, SamplingParams
 
@@ -40,23 +41,9 @@ class Job:
 
 
 def _core(sp: common_pb2.SamplingParams) -> SamplingParams:
-    """The shared dataclass, for its range checks (unset optionals take their defaults)."""
-    return SamplingParams(
-        temperature=sp.temperature if sp.HasField("temperature") else 1.0,
-        top_k=sp.top_k,
-        top_p=sp.top_p if sp.HasField("top_p") else 1.0,
-        min_p=sp.min_p,
-        seed=sp.seed if sp.HasField("seed") else None,
-        repetition_penalty=sp.repetition_penalty if sp.HasField("repetition_penalty") else 1.0,
-        presence_penalty=sp.presence_penalty,
-        frequency_penalty=sp.frequency_penalty,
-        max_tokens=sp.max_tokens or INT32_MAX,  # 0: decided later, after tokenizing
-        min_tokens=sp.min_tokens,
-        ignore_eos=sp.ignore_eos,
-        stop_token_ids=list(sp.stop_token_ids),
-        logprobs=sp.logprobs,
-        top_logprobs=sp.top_logprobs,
-    )
+    """The shared dataclass, for its range checks (unset optionals take their defaults);
+    max_tokens 0 is decided later, after tokenizing."""
+    return sampling_from_proto(sp, default_max_tokens=INT32_MAX)
 
 
 # SamplingParams.validate messages start with the field name; the error's `param` is that name.
