@@ -188,9 +188,19 @@ def check_backend(name: str, case: Case, ref: tuple[torch.Tensor, torch.Tensor],
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             g_out = backend.forward(gq, gk, gv, 0)
-        backend.prepare_for_replay(padded)
+        # Replay as the engine does: with a freshly built batch, after the captured one is gone
+        # and its memory reused (a graph that kept reading the captured tensors fails here), and
+        # with the new K/V rows poisoned so that the replay must write them again.
+        del padded
+        scratch = torch.full((1 << 22,), 2**40, dtype=torch.int64, device=DEV)
+        fresh = case.batch(pool, pad_to=bs)
+        pool.k[0].view(-1, *pool.k[0].shape[2:])[fresh.out_loc[: len(case.reqs)]] = float("nan")
+        backend.prepare_for_replay(fresh)
         graph.replay()
         torch.cuda.synchronize()
+        del scratch
+        rec["graph_kv_err"] = rel_err(pool.k[0], ref[1])
+        ok = ok and rec["graph_kv_err"] < tol
         rec["graph_err"] = rel_err(g_out[: len(case.reqs)], ref[0])
         rec["graph_ms"] = time_ms(graph.replay)
         ok = ok and rec["graph_err"] < tol
