@@ -73,21 +73,26 @@ class Service:
 PROMPTS = [[(7 * i + 3 * k) % 4000 + 3 for k in range(12 + 3 * i)] for i in range(6)]
 SHARED = [100 + k for k in range(16)]  # a prefix several prompts share
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+# Penalties see prompt and outputs: after a preemption or a cache hit the worker must rebuild
+# them from history_ids / recomputed inputs (num_prompt_tokens splits prompt from outputs).
+PENALISED = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
+                           presence_penalty=1.5, frequency_penalty=0.5, repetition_penalty=1.3)
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_outputs_do_not_depend_on_batching_cache_or_preemption(worker: str,
-                                                                overlap: bool) -> None:
+@pytest.mark.parametrize(("overlap", "params"),
+                         [(True, GREEDY), (False, GREEDY), (True, PENALISED)])
+def test_outputs_do_not_depend_on_batching_cache_or_preemption(worker: str, overlap: bool,
+                                                                params: SamplingParams) -> None:
     prompts = PROMPTS + [SHARED + p[:4] for p in PROMPTS[:3]]
     svc = Service(worker, disable_overlap=not overlap, decode_reserve_ratio=0.0,
                   max_prefill_tokens=32)
     try:
         alone = []
         for i, p in enumerate(prompts):  # one at a time on an idle worker
-            conn = svc.run([(i, p, GREEDY)])
+            conn = svc.run([(i, p, params)])
             alone.append(conn.tokens[i])
             assert conn.final[i].finish_reason == common_pb2.FINISH_REASON_LENGTH
-        crowded = svc.run([(100 + i, p, GREEDY) for i, p in enumerate(prompts)])
+        crowded = svc.run([(100 + i, p, params) for i, p in enumerate(prompts)])
         for i in range(len(prompts)):
             assert crowded.tokens[100 + i] == alone[i], i
         assert sum(crowded.final[100 + i].cached_tokens for i in range(len(prompts))) > 0

@@ -319,3 +319,31 @@ def test_large_vocab_chunked_noise_matches_single_pass():
     a = ops.gumbel_argmax_torch(x, keys, th)
     b = ops.gumbel_argmax_torch(x, keys, th, chunk=1024)
     assert a.tolist() == b.tolist()
+
+
+@pytest.mark.parametrize("where", ["history", "inputs"])
+def test_recomputed_outputs_count_for_presence_penalty(where: str):
+    """After a preemption a request restarts with its earlier outputs as history or inputs; the
+    presence penalty must still count them as outputs (positions >= num_prompt_tokens), exactly
+    as if the request had never been preempted."""
+    params = SamplingParams(temperature=0.0, presence_penalty=2.0, max_tokens=8)
+    logits = torch.zeros(1, 32)
+    logits[0, 5], logits[0, 6] = 3.0, 2.0  # 5 wins unless it is penalised as an earlier output
+    seq = [9, 10, 5]  # prompt [9, 10], then the earlier output 5
+
+    def first_token(num_prompt_tokens: int | None) -> int:
+        s = make()
+        if where == "history":
+            s.set_slot(0, params, seq, num_prompt_tokens)
+        else:
+            s.set_slot(0, params, [], num_prompt_tokens)
+            s.observe_inputs(0, seq, 0)
+        return run(s, logits, [0], [len(seq)]).token_ids.tolist()[0]
+
+    reference = make()  # never preempted: it sampled 5 itself, then is penalised for it
+    reference.set_slot(0, params, [], 2)
+    reference.observe_inputs(0, [9, 10], 0)
+    assert run(reference, logits, [0], [2]).token_ids.tolist()[0] == 5
+    assert run(reference, logits, [0], [3]).token_ids.tolist()[0] == 6
+    assert first_token(2) == 6  # 5 sits past the prompt: penalised like the reference
+    assert first_token(None) == 5  # unknown prompt length: everything counts as prompt

@@ -54,7 +54,7 @@ def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
         m = msg.requests.add(
             rid=r.rid, slot=r.slot, cache_len=r.cache_len, input_ids=r.input_ids,
             page_offset=r.page_offset, new_pages=r.new_pages, sample=r.sample,
-            history_ids=r.history_ids,
+            history_ids=r.history_ids, num_prompt_tokens=r.num_prompt_tokens,
         )
         if r.sampling is not None:
             m.sampling.CopyFrom(sampling_to_proto(r.sampling))
@@ -76,7 +76,7 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
             rid=m.rid, slot=m.slot, cache_len=m.cache_len, input_ids=list(m.input_ids),
             page_offset=m.page_offset, new_pages=list(m.new_pages), sample=m.sample,
             sampling=worker_sampling_from_proto(m.sampling) if m.HasField("sampling") else None,
-            history_ids=list(m.history_ids),
+            history_ids=list(m.history_ids), num_prompt_tokens=m.num_prompt_tokens,
         )
         for m in msg.requests
     ])

@@ -35,6 +35,9 @@ class ReqPlan:
     # Tokens already in the KV cache that the worker has not seen in this slot (prefix hits,
     # recomputation after preemption): sent on (re)start only when penalties need the history.
     history_ids: list[int] = field(default_factory=list)
+    # On (re)start: the original prompt's length; later positions of history_ids / input_ids are
+    # outputs from before a preemption (presence/frequency penalties count them). 0: unknown.
+    num_prompt_tokens: int = 0
 
     @property
     def num_input_tokens(self) -> int:

@@ -265,6 +265,7 @@ class Scheduler:
             new_pages=list(req.pages) if start else req.pages[req.sent_pages :],
             sample=sample, sampling=req.restart_params() if start else None,
             history_ids=req.tokens[: req.computed] if start and params.needs_penalties else [],
+            num_prompt_tokens=req.prompt_len if start else 0,
         )
         step.plan.reqs.append(entry)
         step.reqs.append(req)

@@ -227,9 +227,10 @@ class Engine(StepExecutor):
         started = time.perf_counter()
         for r in plan.reqs:
             if r.sampling is not None:
-                self.sampler.set_slot(r.slot, r.sampling, r.history_ids)
+                self.sampler.set_slot(r.slot, r.sampling, r.history_ids,
+                                      r.num_prompt_tokens or None)
             if r.input_ids:
-                self.sampler.observe_inputs(r.slot, r.input_ids)
+                self.sampler.observe_inputs(r.slot, r.input_ids, r.cache_len)
         step = self._upload(plan)
         rids = step.sample_rids
         if not plan.reqs:

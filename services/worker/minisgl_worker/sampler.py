@@ -70,12 +70,18 @@ class Sampler:
         self._dirty: set[int] = set()
         self._rep_slots: set[int] = set()  # slots whose request uses the repetition penalty
         self._pending_seen: dict[int, list[int]] = {}
+        self._count_slots: set[int] = set()  # slots whose request uses presence/frequency
+        self._prompt_len: dict[int, int] = {}  # positions from here on are outputs
+        self._pending_counts: dict[int, list[int]] = {}
 
     # -- per-request state (host side, cheap) ----------------------------------------------------
 
-    def set_slot(self, slot: int, params: SamplingParams, history_ids: Sequence[int] = ()) -> None:
-        """A request (re)starts in `slot`: its parameters, and the cached tokens the repetition
-        penalty must count (prefix hits, recomputation) that will not pass `observe_inputs`."""
+    def set_slot(self, slot: int, params: SamplingParams, history_ids: Sequence[int] = (),
+                 num_prompt_tokens: int | None = None) -> None:
+        """A request (re)starts in `slot`: its parameters, and the cached tokens the penalties
+        must count (prefix hits, recomputation) that will not pass `observe_inputs`. Tokens at
+        positions >= `num_prompt_tokens` are outputs from before a preemption: presence and
+        frequency penalties count them as the request's own output (None: all are prompt)."""
         self._check_slot(slot)
         stops = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
         self._check_ids(stops, "stop_token_ids")
@@ -98,24 +104,34 @@ class Sampler:
         self._h_out_len[slot] = 0
         self._dirty.add(slot)
         self._pending_seen.pop(slot, None)
+        self._pending_counts.pop(slot, None)
         self._rep_slots.discard(slot)
+        self._count_slots.discard(slot)
+        self._prompt_len[slot] = num_prompt_tokens if num_prompt_tokens is not None else 2**62
         if params.repetition_penalty != 1.0:
             self._rep_slots.add(slot)
             if self._seen is None:
                 self._seen = torch.zeros(self.max_slots, self.vocab_size, dtype=torch.bool,
                                          device=self.device)
-            self.observe_inputs(slot, history_ids)
-        if (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0) \
-                and self._counts is None:
-            self._counts = torch.zeros(self.max_slots, self.vocab_size, dtype=torch.int32,
-                                       device=self.device)
+        if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+            self._count_slots.add(slot)
+            if self._counts is None:
+                self._counts = torch.zeros(self.max_slots, self.vocab_size, dtype=torch.int32,
+                                           device=self.device)
+        self.observe_inputs(slot, history_ids, 0)
 
-    def observe_inputs(self, slot: int, token_ids: Sequence[int]) -> None:
-        """Prompt tokens fed to `slot` this step (they count for the repetition penalty)."""
-        if slot not in self._rep_slots or not token_ids:
+    def observe_inputs(self, slot: int, token_ids: Sequence[int], start_pos: int = 0) -> None:
+        """Tokens fed to `slot` this step, the first at sequence position `start_pos`. All count
+        for the repetition penalty; those past the prompt (recomputed outputs) also count for
+        presence/frequency."""
+        if not token_ids or (slot not in self._rep_slots and slot not in self._count_slots):
             return
         self._check_ids(token_ids, "input token ids")
-        self._pending_seen.setdefault(slot, []).extend(token_ids)
+        if slot in self._rep_slots:
+            self._pending_seen.setdefault(slot, []).extend(token_ids)
+        outputs = token_ids[max(0, self._prompt_len.get(slot, 2**62) - start_pos):]
+        if slot in self._count_slots and outputs:
+            self._pending_counts.setdefault(slot, []).extend(outputs)
 
     def flush(self) -> None:
         """Upload what set_slot / observe_inputs queued; `sample` calls it first."""
@@ -141,6 +157,15 @@ class Sampler:
             index = self._upload(torch.tensor([rows, cols], dtype=torch.int64))
             self._seen[index[0], index[1]] = True
             self._pending_seen.clear()
+        if self._pending_counts:
+            assert self._counts is not None
+            rows = [s for s, ids in self._pending_counts.items() for _ in ids]
+            cols = [t for ids in self._pending_counts.values() for t in ids]
+            index = self._upload(torch.tensor([rows, cols], dtype=torch.int64))
+            self._counts.index_put_((index[0], index[1]),
+                                    torch.ones(len(rows), dtype=torch.int32, device=self.device),
+                                    accumulate=True)
+            self._pending_counts.clear()
 
     def _upload(self, t: torch.Tensor) -> torch.Tensor:
         """Host -> device without a hidden sync: pageable uploads may wait for the stream."""

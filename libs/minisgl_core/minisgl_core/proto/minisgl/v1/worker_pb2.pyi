@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RequestPlan(_message.Message):
-    __slots__ = ("rid", "slot", "cache_len", "input_ids", "page_offset", "new_pages", "sample", "sampling", "history_ids")
+    __slots__ = ("rid", "slot", "cache_len", "input_ids", "page_offset", "new_pages", "sample", "sampling", "history_ids", "num_prompt_tokens")
     RID_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     CACHE_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class RequestPlan(_message.Message):
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     HISTORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     rid: int
     slot: int
     cache_len: int
@@ -26,7 +27,8 @@ class RequestPlan(_message.Message):
     sample: bool
     sampling: _common_pb2.SamplingParams
     history_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, rid: _Optional[int] = ..., slot: _Optional[int] = ..., cache_len: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., page_offset: _Optional[int] = ..., new_pages: _Optional[_Iterable[int]] = ..., sample: bool = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    num_prompt_tokens: int
+    def __init__(self, rid: _Optional[int] = ..., slot: _Optional[int] = ..., cache_len: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., page_offset: _Optional[int] = ..., new_pages: _Optional[_Iterable[int]] = ..., sample: bool = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("step_id", "requests")
