@@ -7,6 +7,7 @@ deadline cancels the handler; `Generation.close()` in its `finally` aborts upstr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -155,19 +156,15 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         return generation_pb2.GenerateResponse(request_id=request_id,
                                                model=self.gateway.info.name)
 
-    async def _unary(self, method: str, request: object, context: grpc.aio.ServicerContext
-                     ) -> generation_pb2.GenerateResponse:
-        gen: Generation | None = None
+    @contextlib.asynccontextmanager
+    async def _call(self, method: str, context: grpc.aio.ServicerContext
+                    ) -> AsyncIterator[list[Generation]]:
+        """One RPC's error mapping and clean-up: the body appends its Generation to the list;
+        it is closed (aborting what still runs upstream) however the call ends."""
+        held: list[Generation] = []
         try:
             self._auth(context)
-            job = _job(method, request)
-            with self.gateway.admit():
-                gen = Generation(self.gateway, job)
-                await gen.start()
-                choices = await gen.collect()
-                reply = self._response(job, job.request_id or secrets.token_hex(12))
-                reply.choices.extend(_choice(c) for c in choices)
-                reply.usage.CopyFrom(_usage(gen.usage()))
+            yield held
         except ApiError as err:
             await self._abort(context, method, err)
         except asyncio.CancelledError:
@@ -177,20 +174,32 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
             log.exception("%s failed", method)
             await self._abort(context, method, ApiError(500, "internal error in the gateway"))
         finally:
-            if gen is not None:
+            for gen in held:
                 gen.close()
         metrics.GRPC_REQUESTS.labels(method, "OK").inc()
+
+    async def _unary(self, method: str, request: object, context: grpc.aio.ServicerContext
+                     ) -> generation_pb2.GenerateResponse:
+        async with self._call(method, context) as held:
+            job = _job(method, request)
+            with self.gateway.admit():
+                gen = Generation(self.gateway, job)
+                held.append(gen)
+                await gen.start()
+                choices = await gen.collect()
+                reply = self._response(job, job.request_id or secrets.token_hex(12))
+                reply.choices.extend(_choice(c) for c in choices)
+                reply.usage.CopyFrom(_usage(gen.usage()))
         return reply
 
     async def _stream(self, method: str, request: object, context: grpc.aio.ServicerContext
                       ) -> AsyncIterator[generation_pb2.GenerateResponse]:
-        gen: Generation | None = None
-        try:
-            self._auth(context)
+        async with self._call(method, context) as held:
             job = _job(method, request)
             request_id = job.request_id or secrets.token_hex(12)
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)
+                held.append(gen)
                 await gen.start()
                 finished = 0
                 async for chunks in gen.chunks():
@@ -203,18 +212,6 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                     if finished == gen.num_choices:  # usage rides on the last message
                         reply.usage.CopyFrom(_usage(gen.usage()))
                     yield reply
-        except ApiError as err:
-            await self._abort(context, method, err)
-        except asyncio.CancelledError:
-            metrics.GRPC_REQUESTS.labels(method, "CANCELLED").inc()
-            raise
-        except Exception:
-            log.exception("%s failed", method)
-            await self._abort(context, method, ApiError(500, "internal error in the gateway"))
-        finally:
-            if gen is not None:
-                gen.close()
-        metrics.GRPC_REQUESTS.labels(method, "OK").inc()
 
     # -- the service -------------------------------------------------------------------------
 
