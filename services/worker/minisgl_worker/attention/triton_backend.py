@@ -5,6 +5,7 @@ Runs on CUDA, or on CPU tensors under TRITON_INTERPRET=1 (tests). Decode steps c
 CUDA graph: the kernels read the page table, sequence lengths and output slots from static
 buffers that `prepare_for_replay` refills, and the split count is fixed per captured batch size
 (splits past a request's length exit at once), so one graph serves every sequence length.
+Eager decode uses the same split count as the graph of its batch size, so the two agree exactly.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ class TritonBackend(AttentionBackend):
         return self._rows[:n]
 
     def prepare(self, batch: ForwardBatch) -> None:
-        c = self.config
-        splits = self._decode.choose_num_splits(batch.batch_size, c.num_kv_heads, batch.max_seq_len)
+        # Decode uses the CUDA-graph split policy even when it runs eagerly: the split count
+        # decides where the KV is cut, so eager and graph decode give bit-identical results.
+        splits = self._graph_splits(batch.batch_size) if batch.is_decode else 1
         self._meta = _StepMeta(
             is_decode=batch.is_decode, out_loc=batch.out_loc, page_table=batch.page_table,
             rows=self._arange_rows(batch.batch_size), seq_lens=batch.seq_lens,
@@ -98,8 +100,13 @@ class TritonBackend(AttentionBackend):
     # -- CUDA graphs -----------------------------------------------------------------------------
 
     def _graph_splits(self, bs: int) -> int:
+        """Splits for a decode batch of `bs` rows: from the batch size rounded up to a power of
+        two (a padded graph batch rounds to the same one: every power of two up to the largest
+        capture size is captured) and max_model_len, never from this step's lengths (splits past
+        a request's KV exit at once)."""
         c = self.config
-        return self._decode.choose_num_splits(bs, c.num_kv_heads, c.max_model_len)
+        return self._decode.choose_num_splits(1 << max(0, bs - 1).bit_length(), c.num_kv_heads,
+                                              c.max_model_len)
 
     def init_cuda_graph(self, max_bs: int) -> None:
         c, dev = self.config, self.config.device
