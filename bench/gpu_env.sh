@@ -10,7 +10,7 @@ if [ -d "$here/.whl" ]; then
     >/dev/null 2>&1 || echo "gpu_env: FlashInfer wheels did not install"
   if [ -d "$here/.whl/py" ]; then
     python3 -m pip install -q --no-index --find-links "$here/.whl/py" fastapi uvicorn jinja2 \
-      prometheus-client grpcio-health-checking grpcio-reflection einops tabulate \
+      prometheus-client grpcio-health-checking grpcio-reflection einops tabulate httpx \
       >/tmp/gpu_env_pip.log 2>&1 || { echo "gpu_env: service wheels did not install:"; tail -3 /tmp/gpu_env_pip.log; }
   fi
 fi

@@ -147,6 +147,7 @@ async def run_load(args, workload: list[tuple[list[int], int]], url: str, target
         **{f"ttft_p{q}_ms": pct(ttfts, q) for q in (50, 90, 99)},
         **{f"itl_p{q}_ms": pct(itls, q) for q in (50, 90, 99)},
         "first_errors": [r.error for r in results if not r.ok][:3],
+        "samples": {"ttft_s": [round(x, 5) for x in ttfts], "itl_s": [round(x, 5) for x in itls]},
     }
 
 
@@ -171,7 +172,8 @@ def main() -> int:
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--workload", choices=["random", "shared-prefix"], default="random")
     p.add_argument("--num-requests", type=int, default=256)
-    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--concurrency", default="256",
+                   help="streams in flight; a comma list runs one load per value on one stack")
     p.add_argument("--request-rate", type=float, default=0.0, help="req/s (Poisson); 0 = all")
     p.add_argument("--launch", action="store_true", help="start the stack with --model")
     p.add_argument("--model", default=None)
@@ -179,7 +181,10 @@ def main() -> int:
     p.add_argument("--worker-args", default="")
     p.add_argument("--compare-in-process", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--samples", default=None,
+                   help="append per-request TTFT and ITL samples (JSON lines) for bench/plot.py")
     args = p.parse_args()
+    levels = [int(x) for x in str(args.concurrency).split(",")]
     workload = build_workload(args.workload, args.num_requests)
     record: dict = {}
     if args.compare_in_process:
@@ -199,18 +204,27 @@ def main() -> int:
                                   log_dir=Path("/tmp/minisgl-bench-logs"), log_level="warning",
                                   startup_timeout=900)).start()
         args.url, args.grpc_target = stack.http_url, stack.grpc_target
+    records = []
     try:
-        record.update(asyncio.run(run_load(args, workload, args.url, args.grpc_target)))
+        for level in levels:
+            args.concurrency = level
+            rec = {**record, **asyncio.run(run_load(args, workload, args.url, args.grpc_target))}
+            samples = rec.pop("samples")
+            if "in_process_tok_s" in rec:
+                rec["stack_over_in_process"] = round(rec["output_tok_s"]
+                                                     / rec["in_process_tok_s"], 3)
+            records.append(rec)
+            print(json.dumps(rec), flush=True)
+            if args.samples:
+                with open(args.samples, "a") as f:
+                    f.write(json.dumps({"protocol": args.protocol, "concurrency": level,
+                                        **samples}) + "\n")
     finally:
         if stack is not None:
             stack.stop()
-    if "in_process_tok_s" in record:
-        record["stack_over_in_process"] = round(record["output_tok_s"]
-                                                / record["in_process_tok_s"], 3)
-    print(json.dumps(record))
     if args.json:
         with open(args.json, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.writelines(json.dumps(rec) + "\n" for rec in records)
     return 0
 
 

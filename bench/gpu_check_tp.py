@@ -1,0 +1,111 @@
+"""Tensor parallelism against one GPU on real model shapes, on a multi-GPU machine.
+
+    python bench/gpu_check_tp.py --model /tmp/q8ck --tp 2 --dtype float32 --attention-backend triton
+
+For TP=1 and TP=N in turn, on the same weights (a checkpoint from make_dummy_checkpoint.py, since
+`--load-format dummy` draws each rank's shard separately): prefill logits of a few prompts and
+greedy generation of `--new-tokens` tokens through the `LLM` class. Reports the logits' relative
+error of TP=N against TP=1, how many sequences have identical greedy tokens, and where the others
+first differ. In fp32 the two must agree token for token; in bf16 the all-reduce sums partial
+products in another order, so a near-tie may flip late in a sequence (reported, not failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+for sub in ("services/worker", "libs/minisgl_core", "libs/minisgl", "services/scheduler",
+            "services/tokenizer"):
+    sys.path.insert(0, str(ROOT / sub))
+
+
+LOAD_FORMAT = "auto"
+
+
+def prompts(n: int, vocab: int) -> list[list[int]]:
+    rng = random.Random(0)
+    top = min(10000, vocab - 1)
+    return [[rng.randint(0, top) for _ in range(rng.randint(16, 400))] for _ in range(n)]
+
+
+def run(model: str, tp: int, dtype: str, backend: str, ps: list[list[int]],
+        new_tokens: int) -> tuple[torch.Tensor, list[list[int]], float]:
+    from minisgl.llm import LLM
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.step import ReqPlan, StepPlan
+
+    t0 = time.perf_counter()
+    llm = LLM(model, load_format=LOAD_FORMAT, tp_size=tp, dtype=dtype, attention_backend=backend,
+              max_model_len=4096, cache="naive")
+    init_s = time.perf_counter() - t0
+    try:
+        page_size = llm.engine.config.page_size
+        reqs, page = [], 0
+        for i, p in enumerate(ps):  # pages the scheduler has not handed out yet
+            n = -(-len(p) // page_size)
+            reqs.append(ReqPlan(i, i, 0, p, 0, list(range(page, page + n)), sample=False))
+            page += n
+        logits = llm.engine.forward_logits(StepPlan(0, reqs)).float()
+        ends = torch.tensor([len(p) for p in ps]).cumsum(0) - 1
+        last = logits[ends.to(logits.device)].cpu()
+        out = llm.generate(ps, SamplingParams(temperature=0.0, ignore_eos=True,
+                                              max_tokens=new_tokens))
+    finally:
+        llm.close()
+    return last, [r["token_ids"] for r in out], init_s
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--load-format", default="auto",
+                    help="auto: a checkpoint (bench/make_dummy_checkpoint.py); dummy weights "
+                         "differ between TP=1 and TP=N")
+    a = ap.parse_args()
+    global LOAD_FORMAT
+    LOAD_FORMAT = a.load_format
+    vocab = json.loads((Path(a.model) / "config.json").read_text())["vocab_size"]
+    ps = prompts(a.num_prompts, vocab)
+    ref_logits, ref_tokens, init1 = run(a.model, 1, a.dtype, a.attention_backend, ps,
+                                        a.new_tokens)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    logits, tokens, init_n = run(a.model, a.tp, a.dtype, a.attention_backend, ps, a.new_tokens)
+    per = (logits - ref_logits).abs().amax(-1) / ref_logits.abs().amax()
+    diverge = [next((i for i, (x, y) in enumerate(zip(t, r, strict=True)) if x != y), None)
+               for t, r in zip(tokens, ref_tokens, strict=True)]
+    record = {
+        "model": Path(a.model).name, "tp": a.tp, "dtype": a.dtype,
+        "backend": a.attention_backend, "init_s_tp1": round(init1, 1),
+        f"init_s_tp{a.tp}": round(init_n, 1),
+        "logit_rel_err_max": round(per.max().item(), 6),
+        "argmax_agree": int((logits.argmax(-1) == ref_logits.argmax(-1)).sum()),
+        "greedy_identical": sum(d is None for d in diverge), "of": len(ps),
+        "first_divergence": [d for d in diverge if d is not None],
+        "new_tokens": a.new_tokens,
+    }
+    record["ok"] = (record["greedy_identical"] == len(ps)) if a.dtype == "float32" else \
+        record["argmax_agree"] == len(ps)
+    print(json.dumps(record), flush=True)
+    if a.json:
+        with open(a.json, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    return 0 if record["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
