@@ -60,18 +60,30 @@ def init_tp(rank: int, size: int, init_method: str, device: torch.device,
 
 
 def destroy_tp(timeout_s: float = 30.0) -> None:
-    """Leave the TP group. Every rank must call this at about the same time (NCCL tears its
-    communicators down together); a teardown that does not finish in time is abandoned with a
-    warning rather than hanging the caller."""
+    """Leave the TP group. Every rank calls this at shutdown, after its last collective. NCCL is
+    aborted rather than destroyed: on the H200 pair a plain destroy_process_group sat in NCCL's
+    teardown past any timeout on both ranks, and the abandoned thread then took the interpreter
+    down at exit ("terminate called without an active exception"). Abort is local and does not
+    wait for the peer; nothing is in flight any more, so nothing is lost. A teardown that still
+    does not finish in time is abandoned with a warning rather than hanging the caller."""
     global _TP
-    if _TP.size > 1 and dist.is_initialized():
-        t = threading.Thread(target=dist.destroy_process_group, name="tp-destroy", daemon=True)
-        t.start()
-        t.join(timeout_s)
-        if t.is_alive():
-            log.warning("torch.distributed teardown did not finish in %.0fs; abandoned",
-                        timeout_s)
-    _TP = TPState()
+    state, _TP = _TP, TPState()
+    if state.size == 1 or not dist.is_initialized():
+        return
+
+    def teardown() -> None:
+        if torch.cuda.is_available() and dist.get_backend(state.group) == "nccl":
+            torch.cuda.synchronize()
+            dist.destroy_process_group(state.cpu_group)  # gloo: closes its sockets
+            dist.distributed_c10d._abort_process_group()
+        else:
+            dist.destroy_process_group()
+
+    t = threading.Thread(target=teardown, name="tp-destroy", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        log.warning("torch.distributed teardown did not finish in %.0fs; abandoned", timeout_s)
 
 
 def shard(n: int, what: str) -> int:

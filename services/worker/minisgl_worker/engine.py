@@ -239,7 +239,8 @@ class Engine(StepExecutor):
         tokens = logprobs = top_ids = top_lp = None
         want = False
         if rids:
-            logits = self.model.compute_logits(hidden[step.batch.sample_indices])
+            # The activation dtype: the sampler reads it directly on its fast paths.
+            logits = self.model.compute_logits(hidden[step.batch.sample_indices], fp32=False)
             out = self.sampler.sample(logits, step.sample_slots, step.sample_positions,
                                       host_slots=step.sample_slots_host)
             self.last_tokens[step.sample_slots] = out.token_ids

@@ -13,6 +13,12 @@ keyed by (seed, position, token) (see `sampling_kernels`). A request without a s
 from the sampler's global generator when it (re)starts, so it is random across requests but each
 draw is still one formula.
 
+Logits may come in the model's dtype (bf16/fp16) or fp32. A batch whose rows are only greedy or
+temperature-only (no processor above, no logprobs) is drawn in one pass over them: argmax, or the
+same exponential race with the temperature applied inside the draw (`ops.gumbel_argmax` with
+`temps`), bit for bit what converting to fp32, dividing and drawing gives. Only batches that need
+processed fp32 logits pay for the full-vocabulary conversion.
+
 Logprobs follow vLLM's default: the log-softmax of the raw model logits, before penalties,
 temperature and filtering (the processed distribution is ill-defined for greedy rows and
 truncated tokens).
@@ -29,7 +35,7 @@ from minisgl_core.sampling import SamplingParams
 from . import sampling_kernels as ops
 
 # Columns of the float / int parameter tables.
-_TEMP, _TOP_P, _MIN_P, _REP, _PRES, _FREQ = range(6)
+_TEMP, _TOP_P, _MIN_P, _REP, _PRES, _FREQ, _DRAW_TEMP = range(7)
 _TOP_K, _SEED, _MIN_TOKENS, _LOGPROBS, _TOP_LOGPROBS = range(5)
 
 
@@ -43,8 +49,12 @@ class SampleOutput:
 
 class Sampler:
     def __init__(self, max_slots: int, vocab_size: int, device: torch.device,
-                 eos_token_ids: Sequence[int] = (), seed: int | None = None) -> None:
+                 eos_token_ids: Sequence[int] = (), seed: int | None = None,
+                 use_triton: bool | None = None) -> None:
+        """`use_triton`: draw with the fused Triton kernel (default: on CUDA devices; True on CPU
+        needs TRITON_INTERPRET=1, for tests); torch ops otherwise."""
         self.max_slots, self.vocab_size, self.device = max_slots, vocab_size, torch.device(device)
+        self.use_triton = self.device.type == "cuda" if use_triton is None else use_triton
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self._check_ids(self.eos_token_ids, "eos_token_ids")
         self._gen = torch.Generator()
@@ -53,7 +63,7 @@ class Sampler:
         else:
             self._gen.manual_seed(seed)
         # Host mirrors; neutral values make an unset slot a plain greedy one.
-        self._hf = torch.zeros(max_slots, 6, dtype=torch.float32)
+        self._hf = torch.zeros(max_slots, 7, dtype=torch.float32)
         self._hf[:, [_TOP_P, _REP]] = 1.0
         self._hi = torch.zeros(max_slots, 5, dtype=torch.int64)
         self._h_stop = torch.full((max_slots, 1), -1, dtype=torch.int64)
@@ -90,9 +100,12 @@ class Sampler:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._gen))
         elif not 0 <= seed < 2**63:
             raise ValueError("seed must be in [0, 2**63)")
+        # The temperature of the fused draw: 0 marks a greedy row, so that one kernel serves a
+        # batch mixing greedy and sampled rows (top_k == 1 is greedy whatever the temperature).
+        draw_temp = 0.0 if params.temperature <= 0 or params.top_k == 1 else params.temperature
         self._hf[slot] = torch.tensor([params.temperature, params.top_p, params.min_p,
                                        params.repetition_penalty, params.presence_penalty,
-                                       params.frequency_penalty])
+                                       params.frequency_penalty, draw_temp])
         self._hi[slot] = torch.tensor([params.top_k, seed, params.min_tokens, int(params.logprobs),
                                        params.top_logprobs if params.logprobs else 0])
         if len(stops) > self._h_stop.shape[1]:
@@ -177,13 +190,16 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                host_slots: Sequence[int] | torch.Tensor | None = None) -> SampleOutput:
-        """Draw one token per row. logits [B, V]; slots, positions int64 [B] on the device;
-        positions[i] is the sequence index of the token being sampled (the noise counter).
+        """Draw one token per row. logits [B, V], fp32 or the model's bf16/fp16 (rows may be
+        strided); slots, positions int64 [B] on the device; positions[i] is the sequence index
+        of the token being sampled (the noise counter).
         `host_slots` (the same slots on the host) lets the sampler choose its processors without
         reading `slots` back from the device; without it, CUDA slots cost one sync."""
         batch = logits.shape[0]
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:
             raise ValueError(f"logits must be [B, {self.vocab_size}], got {tuple(logits.shape)}")
+        if not logits.dtype.is_floating_point:
+            raise ValueError(f"logits must be floating point, got {logits.dtype}")
         hs = torch.as_tensor(host_slots if host_slots is not None else slots.cpu(),
                              dtype=torch.int64).cpu()
         if hs.shape != (batch,) or slots.shape != (batch,) or positions.shape != (batch,):
@@ -191,10 +207,14 @@ class Sampler:
         if batch and (int(hs.min()) < 0 or int(hs.max()) >= self.max_slots):
             raise ValueError(f"slots must be in [0, {self.max_slots})")
         self.flush()
-        x = logits.to(torch.float32)
         if batch == 0:
-            return SampleOutput(torch.zeros(0, dtype=torch.int64, device=x.device))
+            return SampleOutput(torch.zeros(0, dtype=torch.int64, device=logits.device))
         plan = _Plan.make(self._hf[hs], self._hi[hs], self._h_out_len[hs], self.vocab_size)
+        if plan.fused:
+            tokens = self._draw_fused(logits, slots, positions, plan)
+            self._record(slots, hs, tokens)
+            return SampleOutput(tokens)
+        x = logits.to(torch.float32)
         df, di = self._df[slots], self._di[slots]
         raw_logprobs = x.log_softmax(dim=1) if plan.logprobs else None
 
@@ -222,9 +242,8 @@ class Sampler:
                 x = ops.apply_top_k(x, top_k, plan.max_k)
             if plan.min_p:
                 x = ops.apply_min_p(x, df[:, _MIN_P])
-            if self._tok_hash is None and not x.is_cuda:
-                self._tok_hash = ops.token_hashes(self.vocab_size, x.device)
-            tokens = ops.gumbel_argmax(x, di[:, _SEED], positions.to(torch.int64), self._tok_hash)
+            tokens = ops.gumbel_argmax(x, di[:, _SEED], positions.to(torch.int64),
+                                       self._token_hashes(), use_triton=self.use_triton)
             if greedy_tokens is not None:
                 tokens = torch.where(greedy, greedy_tokens, tokens)
 
@@ -235,6 +254,22 @@ class Sampler:
             if plan.top_logprobs:
                 out.top_logprobs, out.top_ids = raw_logprobs.topk(plan.top_logprobs, dim=1)
         return out
+
+    def _draw_fused(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                    plan: _Plan) -> torch.Tensor:
+        """Greedy and temperature-only rows, straight from the logits in their own dtype: the
+        upcast is exact and order-preserving, so argmax and the draw match the fp32 path."""
+        if plan.all_greedy:
+            return logits.argmax(dim=1)
+        return ops.gumbel_argmax(logits, self._di[slots, _SEED], positions.to(torch.int64),
+                                 self._token_hashes(), temps=self._df[slots, _DRAW_TEMP],
+                                 use_triton=self.use_triton)
+
+    def _token_hashes(self) -> torch.Tensor | None:
+        """The torch draw's per-token hashes, built once; the Triton kernel hashes inline."""
+        if self._tok_hash is None and not self.use_triton:
+            self._tok_hash = ops.token_hashes(self.vocab_size, self.device)
+        return self._tok_hash
 
     def _record(self, slots: torch.Tensor, host_slots: torch.Tensor, tokens: torch.Tensor) -> None:
         """Sampled tokens join the penalty state (slots within a batch are distinct)."""
@@ -272,6 +307,12 @@ class _Plan:
     min_p: bool
     logprobs: bool
     top_logprobs: int
+
+    @property
+    def fused(self) -> bool:
+        """Only greedy and temperature-only rows: one pass over the logits as they come."""
+        return not (self.repetition or self.presence_frequency or self.min_tokens or self.max_k
+                    or self.top_p or self.min_p or self.logprobs)
 
     @staticmethod
     def make(hf: torch.Tensor, hi: torch.Tensor, out_len: torch.Tensor, vocab: int) -> _Plan:

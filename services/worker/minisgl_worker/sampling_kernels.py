@@ -9,7 +9,9 @@ computes the same bits in uint32 and fuses noise + argmax into one pass over the
 
 Sampling is an exponential race: token = argmax_j(x_j + g_j) with g_j = -log(-log(u_j)) Gumbel
 noise, u_j uniform in (0, 1) with 24 random bits. That equals a draw from softmax(x) (x already
-divided by the temperature, filtered tokens at -inf).
+divided by the temperature, filtered tokens at -inf). Given per-row temperatures the draw divides
+by them itself (rows at temperature <= 0 take the plain argmax): with no filter in between, the
+logits are then read once, in the model's dtype, instead of converted and divided in full passes.
 """
 
 from __future__ import annotations
@@ -66,8 +68,17 @@ def gumbel_noise(keys: torch.Tensor, tok_hash: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel_argmax_torch(x: torch.Tensor, keys: torch.Tensor, tok_hash: torch.Tensor,
-                        chunk: int = 1 << 15) -> torch.Tensor:
-    """argmax(x + noise) per row, in vocabulary chunks to bound the int64 temporaries."""
+                        chunk: int = 1 << 15, *, temps: torch.Tensor | None = None) -> torch.Tensor:
+    """argmax(x + noise) per row, in vocabulary chunks to bound the int64 temporaries. With
+    `temps` [B]: argmax(x / t + noise), and argmax(x) on rows with t <= 0 (greedy). x of any
+    float dtype is upcast to float32 first (exact for bf16/fp16)."""
+    x = x.to(torch.float32)
+    if temps is not None:
+        greedy = temps <= 0
+        greedy_tokens = x.argmax(dim=1)
+        x = x / torch.where(greedy, 1.0, temps)[:, None]
+        sampled = gumbel_argmax_torch(x, keys, tok_hash, chunk)
+        return torch.where(greedy, greedy_tokens, sampled)
     if x.shape[1] <= chunk:
         return (x + gumbel_noise(keys, tok_hash)).argmax(dim=1)
     best_val = torch.full((x.shape[0],), -math.inf, dtype=torch.float32, device=x.device)
@@ -82,22 +93,27 @@ def gumbel_argmax_torch(x: torch.Tensor, keys: torch.Tensor, tok_hash: torch.Ten
 
 
 def gumbel_argmax_triton(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                         num_chunks: int | None = None) -> torch.Tensor:
+                         num_chunks: int | None = None, *,
+                         temps: torch.Tensor | None = None) -> torch.Tensor:
     """Same result as `gumbel_argmax_torch` with row_keys(seeds, positions) (up to the float
     rounding of log on exact near-ties) in one fused pass; CUDA tensors, or CPU tensors under
     TRITON_INTERPRET=1."""
     from .triton_kernels import sampling as kern
 
-    return kern.gumbel_argmax(x, seeds, positions, num_chunks)
+    return kern.gumbel_argmax(x, seeds, positions, num_chunks, temps=temps)
 
 
 def gumbel_argmax(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                  tok_hash: torch.Tensor | None) -> torch.Tensor:
-    """The draw: the fused Triton kernel on CUDA, torch ops elsewhere (tok_hash needed there)."""
-    if x.is_cuda:
-        return gumbel_argmax_triton(x, seeds, positions)
+                  tok_hash: torch.Tensor | None, *, temps: torch.Tensor | None = None,
+                  use_triton: bool | None = None) -> torch.Tensor:
+    """The draw: the fused Triton kernel (default on CUDA), torch ops otherwise (tok_hash needed
+    there). Both read x in its own dtype; `temps` as in `gumbel_argmax_torch`."""
+    if use_triton is None:
+        use_triton = x.is_cuda
+    if use_triton:
+        return gumbel_argmax_triton(x, seeds, positions, temps=temps)
     assert tok_hash is not None
-    return gumbel_argmax_torch(x, row_keys(seeds, positions), tok_hash)
+    return gumbel_argmax_torch(x, row_keys(seeds, positions), tok_hash, temps=temps)
 
 
 # -- logit processors (out of place; per-row parameters as [B] tensors) ------------------------

@@ -77,9 +77,12 @@ class HybridBackend(AttentionBackend):
         self._active = self.decode if batch.is_decode else self.prefill
         self._active.prepare(batch)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer_id: int) -> torch.Tensor:
-        return self._active.forward(q, k, v, layer_id)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                kv_stored: bool = False) -> torch.Tensor:
+        return self._active.forward(q, k, v, layer_id, kv_stored=kv_stored)
+
+    def store_loc(self) -> torch.Tensor | None:
+        return self._active.store_loc()
 
     def init_cuda_graph(self, max_bs: int) -> None:
         self.decode.init_cuda_graph(max_bs)

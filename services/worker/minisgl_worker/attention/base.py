@@ -10,14 +10,15 @@ copies) and calls, in this order:
 
     q: [T, num_qo_heads, head_dim]    k, v: [T, num_kv_heads, head_dim]   (heads per TP rank)
 
-first writes k and v into the `KVPool` at `batch.out_loc` (flat slot = page * page_size + offset),
-then attends each query token to its request's cached prefix plus the new tokens up to and
-including itself (causal), and returns [T, num_qo_heads, head_dim] in q's dtype. Requests occupy
-contiguous token ranges in plan order: request i owns tokens qo_indptr[i]:qo_indptr[i+1]. A batch
-can mix prefills, prefill chunks (cache_len > 0, several tokens) and decodes (one token);
-`is_decode` says every request feeds exactly one token, which is what decode kernels and CUDA
-graphs want. GQA: query head h reads kv head h // (num_qo_heads // num_kv_heads). Scale is
-`AttentionConfig.scale`; no sliding window, no soft-cap (none of the supported models use them).
+first writes k and v into the `KVPool` at `batch.out_loc` (flat slot = page * page_size + offset)
+unless the caller already did (`kv_stored=True`, see below), then attends each query token to its
+request's cached prefix plus the new tokens up to and including itself (causal), and returns
+[T, num_qo_heads, head_dim] in q's dtype. Requests occupy contiguous token ranges in plan order:
+request i owns tokens qo_indptr[i]:qo_indptr[i+1]. A batch can mix prefills, prefill chunks
+(cache_len > 0, several tokens) and decodes (one token); `is_decode` says every request feeds
+exactly one token, which is what decode kernels and CUDA graphs want. GQA: query head h reads kv
+head h // (num_qo_heads // num_kv_heads). Scale is `AttentionConfig.scale`; no sliding window, no
+soft-cap (none of the supported models use them).
 
 CUDA graphs (decode only, optional: `supports_cuda_graph`): the graph runner calls
 `init_cuda_graph(max_bs)` once, then for each captured batch size `prepare_for_capture(batch)`
@@ -26,6 +27,13 @@ before capturing the model forward, and `prepare_for_replay(batch)` before each 
 cache_len 0, their page-table row all `pool.dummy_page` and out_loc inside the dummy page. The
 backend copies what it needs into static buffers it owns, so that captured kernels read from
 fixed addresses.
+
+Fused KV store: `store_loc()` returns the flat slots [T] that forward's own store would use, the
+very tensor its kernels read (during CUDA-graph capture and replay the backend's static buffer,
+since a captured kernel keeps the address it saw). A layer that writes this step's K/V itself
+(SelfAttention's fused q/k-norm + rotary + store kernel on CUDA) writes there and calls
+`forward(q, k, v, layer_id, kv_stored=True)`; k is then still the rotated k. None: the backend
+stores K/V itself, always.
 
 Hybrid mode (`attention.HybridBackend`) routes `is_decode` steps to one backend and the rest to
 another; both share one KVPool, so whatever one writes the other reads.
@@ -116,9 +124,15 @@ class AttentionBackend(ABC):
         """Once per step, outside any CUDA graph: plan the step's kernels."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer_id: int) -> torch.Tensor:
-        """Store k/v at the step's out_loc in layer `layer_id`, attend, return [T, Hq, D]."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                kv_stored: bool = False) -> torch.Tensor:
+        """Store k/v at the step's out_loc in layer `layer_id` (unless `kv_stored`: the caller
+        wrote them at `store_loc()`), attend, return [T, Hq, D]."""
+
+    def store_loc(self) -> torch.Tensor | None:
+        """This step's flat KV slots [T] int64 as forward's store reads them (a static buffer
+        under CUDA graphs), for callers that store K/V themselves; None if they may not."""
+        return None
 
     # -- CUDA graph hooks (decode only); backends with supports_cuda_graph=True override them ---
 

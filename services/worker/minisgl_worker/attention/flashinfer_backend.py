@@ -7,12 +7,14 @@
     "trtllm":     backend="trtllm-gen" kernels, Blackwell (sm_100+) only; refused elsewhere.
 
 `plan` runs once per step in `prepare`, outside any CUDA graph, from the batch's host mirrors
-(no device sync). K/V are written to the pool with one indexed copy per layer before the kernel.
+(no device sync). K/V are written to the pool before the kernel (KVPool.store, one Triton kernel
+on CUDA), unless the layer's fused prologue already wrote them at `store_loc()`.
 
 CUDA graphs (decode): one decode wrapper per captured batch size, built with use_cuda_graph=True
 over static indptr / indices / last-page-len buffers shared by all of them (graphs never run
 concurrently); `prepare_for_replay` re-plans that wrapper, which refills the static buffers,
-and copies the step's out_loc into a static buffer too: the KV store is captured in the graph.
+and copies the step's out_loc into a static buffer too: the KV store (ours or the layer's fused
+one, which reads `store_loc()`) is captured in the graph.
 
 Only fp16/bf16 and head_dim 64/128/256 (what FlashInfer 0.6.4 builds kernels for) are accepted;
 anything else is refused with a ValueError when the backend is built, not inside a step.
@@ -155,11 +157,15 @@ class FlashInferBackend(AttentionBackend):
                            kv_data_type=c.dtype, **self._plan_extra(batch))
         self._active = self._prefill
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer_id: int) -> torch.Tensor:
+    def store_loc(self) -> torch.Tensor | None:
+        return self._out_loc  # under CUDA graphs the static _graph_out_loc slice
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                kv_stored: bool = False) -> torch.Tensor:
         if self._active is None or self._out_loc is None:
             raise RuntimeError(f"{type(self).__name__}.forward before prepare")
-        self.pool.store(layer_id, self._out_loc, k, v)
+        if not kv_stored:
+            self.pool.store(layer_id, self._out_loc, k, v)
         return self._active.run(q, (self.pool.k[layer_id], self.pool.v[layer_id]))
 
     # -- CUDA graphs -----------------------------------------------------------------------------

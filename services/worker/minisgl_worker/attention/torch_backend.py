@@ -50,12 +50,16 @@ class TorchBackend(AttentionBackend):
             self._reqs.append(_ReqView(start, start + ext, loc, mask))
             start += ext
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer_id: int) -> torch.Tensor:
+    def store_loc(self) -> torch.Tensor | None:
+        return self._batch.out_loc if self._batch is not None else None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                kv_stored: bool = False) -> torch.Tensor:
         batch = self._batch
         if batch is None:
             raise RuntimeError("TorchBackend.forward before prepare")
-        self.pool.store(layer_id, batch.out_loc, k, v)
+        if not kv_stored:
+            self.pool.store(layer_id, batch.out_loc, k, v)
         k_all, v_all = self.pool.k_flat(layer_id), self.pool.v_flat(layer_id)
         groups = q.shape[1] // k.shape[1]
         out = torch.empty_like(q)

@@ -82,13 +82,17 @@ class TritonBackend(AttentionBackend):
             qo_indptr=batch.qo_indptr, cache_lens=batch.cache_lens,
             max_extend_len=batch.max_extend_len, num_splits=splits)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer_id: int) -> torch.Tensor:
+    def store_loc(self) -> torch.Tensor | None:
+        return self._meta.out_loc if self._meta is not None else None  # graph: g.out_loc slice
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                kv_stored: bool = False) -> torch.Tensor:
         m = self._meta
         if m is None:
             raise RuntimeError("TritonBackend.forward before prepare")
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
-        self._store.store_kv(k_cache, v_cache, k, v, m.out_loc)
+        if not kv_stored:
+            self._store.store_kv(k_cache, v_cache, k, v, m.out_loc)
         if m.is_decode:
             return self._decode.paged_decode(
                 q, k_cache, v_cache, m.page_table, m.rows, m.seq_lens, self.config.scale,

@@ -40,7 +40,10 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        """[N, H] -> fp32 logits [N, vocab] (the full vocabulary on every rank)."""
-        logits = all_gather_last(F.linear(hidden, self.weight))
-        return logits[:, : self.vocab_size].float()
+    def forward(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:  # type: ignore[override]
+        """[N, H] -> logits [N, vocab] (the full vocabulary on every rank): fp32, or with
+        fp32=False in the activation dtype, for the sampler, which upcasts only where it must
+        (at a large decode batch the fp32 copy alone is a full extra pass over the logits). The
+        activation-dtype logits may be a strided view that cuts off the padded vocabulary."""
+        logits = all_gather_last(F.linear(hidden, self.weight))[:, : self.vocab_size]
+        return logits.float() if fp32 else logits

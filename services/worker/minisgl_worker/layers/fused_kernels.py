@@ -25,6 +25,35 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_s0, x_s1, res_s0, out_s0, 
              mask=mask)
 
 @triton.jit
+def _inv_rms(ptrs, mask, n_cols, eps):
+    """1/rms of each row of a [rows, BLOCK_D] tile, statistics in fp32. The per-head norm kernel
+    and the fused attention prologue both call this, on the same tile shape per token, so they
+    reduce in the same order and agree bit for bit."""
+    xf = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return tl.rsqrt(tl.sum(xf * xf, axis=1) / n_cols + eps)
+
+
+@triton.jit
+def _head_rmsnorm_kernel(x_ptr, w_ptr, out_ptr, n_tokens, x_s0, x_s1, n_cols, eps,
+                         HEADS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_H: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+    # Per-head q/k norm: one program takes all heads of TOKENS tokens (a 128-wide row alone
+    # leaves most of a 4-warp program idle). out is [T, HEADS, n_cols] contiguous.
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    m = (h < HEADS) & (d < n_cols)
+    w = tl.load(w_ptr + d, mask=d < n_cols, other=0.0).to(tl.float32)
+    for i in range(TOKENS):
+        t = (tl.program_id(0) * TOKENS + i).to(tl.int64)
+        if t < n_tokens:
+            p = x_ptr + t * x_s0 + h * x_s1 + d
+            inv = _inv_rms(p, m, n_cols, eps)[:, None]
+            xf = tl.load(p, mask=m, other=0.0).to(tl.float32)
+            tl.store(out_ptr + (t * HEADS + h) * n_cols + d,
+                     (xf * inv * w).to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _rope_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr, q_s0, q_s1, k_s0, k_s1, cache_s0,
                  HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
                  BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -58,3 +87,73 @@ def _silu_mul_kernel(x_ptr, out_ptr, x_s0, out_s0, n, BLOCK: tl.constexpr):
     u = tl.load(x_ptr + row * x_s0 + n + cols, mask=m, other=0.0).to(tl.float32)
     y = g / (1.0 + tl.exp(-g)) * u
     tl.store(out_ptr + row * out_s0 + cols, y.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _norm_rope_heads(ptr, s1, w_ptr, cos, sin, n_cols, eps, H: tl.constexpr, HALF: tl.constexpr,
+                     HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_HALF: tl.constexpr):
+    """The H heads of one token (s1 apart from ptr): RMSNorm if HAS_NORM, then rotary, written
+    back in place; returns the two rotated halves [BLOCK_H, BLOCK_HALF] in ptr's dtype.
+    Same arithmetic as _head_rmsnorm_kernel then _rope_kernel: the normed value is rounded to
+    the activation dtype (the unfused path stores it in between), rotated in fp32, rounded once;
+    the expressions are written as in those kernels so that FMA contraction matches too."""
+    dt = ptr.dtype.element_ty
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_HALF)[None, :]
+    m = (h < H) & (d < HALF)
+    p = ptr + h * s1 + d
+    x1 = tl.load(p, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(p + HALF, mask=m, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        # Statistics from a full-row load (L1 hits): the same tile and reduction as the
+        # per-head norm kernel, which halves would not give.
+        full = tl.arange(0, BLOCK_D)[None, :]
+        inv = _inv_rms(ptr + h * s1 + full, (h < H) & (full < n_cols), n_cols, eps)[:, None]
+        w1 = tl.load(w_ptr + d, mask=d < HALF, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + d, mask=d < HALF, other=0.0).to(tl.float32)
+        x1 = (x1 * inv * w1).to(dt).to(tl.float32)
+        x2 = (x2 * inv * w2).to(dt).to(tl.float32)
+    y1 = (x1 * cos - x2 * sin).to(dt)
+    y2 = (x2 * cos + x1 * sin).to(dt)
+    tl.store(p, y1, mask=m)
+    tl.store(p + HALF, y2, mask=m)
+    return y1, y2
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(
+    q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, kc_ptr, vc_ptr, loc_ptr,
+    n_tokens, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_s0,
+    kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2, n_cols, eps,
+    HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    HAS_NORM: tl.constexpr, TOKENS: tl.constexpr, BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    # One layer's attention prologue for TOKENS tokens per program: q heads normed + rotated in
+    # place; k heads normed + rotated in place and into the K cache; v copied into the V cache.
+    # A negative slot (padding) writes no cache row, but q/k are still done (attention reads q).
+    d = tl.arange(0, BLOCK_HALF)
+    hk = tl.arange(0, BLOCK_HK)[:, None]
+    dv = tl.arange(0, BLOCK_D)[None, :]
+    for i in range(TOKENS):
+        t = (tl.program_id(0) * TOKENS + i).to(tl.int64)
+        if t < n_tokens:
+            pos = tl.load(pos_ptr + t)
+            cos = tl.load(cos_ptr + pos * cs_s0 + d, mask=d < HALF, other=0.0)[None, :]
+            sin = tl.load(sin_ptr + pos * cs_s0 + d, mask=d < HALF, other=0.0)[None, :]
+            _norm_rope_heads(q_ptr + t * q_s0, q_s1, qw_ptr, cos, sin, n_cols, eps, HQ, HALF,
+                             HAS_NORM, BLOCK_HQ, BLOCK_D, BLOCK_HALF)
+            k1, k2 = _norm_rope_heads(k_ptr + t * k_s0, k_s1, kw_ptr, cos, sin, n_cols, eps, HK,
+                                      HALF, HAS_NORM, BLOCK_HK, BLOCK_D, BLOCK_HALF)
+            loc = tl.load(loc_ptr + t).to(tl.int64)
+            if loc >= 0:
+                page, off = loc // PAGE_SIZE, loc % PAGE_SIZE
+                km = (hk < HK) & (d[None, :] < HALF)
+                kc = kc_ptr + page * kc_s0 + off * kc_s1 + hk * kc_s2 + d[None, :]
+                tl.store(kc, k1.to(kc_ptr.dtype.element_ty), mask=km)
+                tl.store(kc + HALF, k2.to(kc_ptr.dtype.element_ty), mask=km)
+                vm = (hk < HK) & (dv < n_cols)
+                vals = tl.load(v_ptr + t * v_s0 + hk * v_s1 + dv, mask=vm, other=0.0)
+                tl.store(vc_ptr + page * vc_s0 + off * vc_s1 + hk * vc_s2 + dv,
+                         vals.to(vc_ptr.dtype.element_ty), mask=vm)

@@ -1,5 +1,5 @@
 """Triton kernels for the elementwise parts of a layer: (residual-add +) RMSNorm, rotary
-embedding in place, SiLU-and-mul.
+embedding in place, SiLU-and-mul, and the attention prologue (q/k norm + rotary + KV store).
 
 In plain torch each of these is 5-15 small kernels; at decode batch sizes a layer is dominated by
 them (thousands of tiny launches per step, even inside a CUDA graph). One kernel each instead.
@@ -34,6 +34,17 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+_MIN_GRID = 512  # programs a multi-token grid keeps (decode batches stay one token per program)
+
+
+def _tokens_per_program(n_tokens: int, tile: int) -> int:
+    """Tokens one program handles when a token's tile (`tile` elements) is small: enough work
+    per program, while the grid keeps >= _MIN_GRID programs. Results never depend on it (each
+    token is the same tile, in a loop), so CUDA-graph and eager runs agree whatever T is."""
+    n = min(8, max(1, 2048 // tile), max(1, n_tokens // _MIN_GRID))
+    return 1 << (n.bit_length() - 1)
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             residual: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm over the last dim of x ([N, D], or [T, H, D] per head, rows may be strided).
@@ -41,18 +52,34 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     d = x.shape[-1]
     if x.stride(-1) != 1:
         x = x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    if x.dim() == 3 and residual is None and _pow2(x.shape[1]) * _pow2(d) <= _HEAD_TILE_MAX:
+        _head_rmsnorm(x, weight, eps, out)
+        return out
     if x.dim() == 3:
         rows, heads, s0, s1 = x.shape[0] * x.shape[1], x.shape[1], x.stride(0), x.stride(1)
     else:
         rows, heads, s0, s1 = x.shape[0], 1, x.stride(0), 0
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if rows == 0:
-        return out
     res = residual if residual is not None else out
     _k()._rmsnorm_kernel[(rows,)](x, res, weight, out, s0, s1, res.stride(0), d, heads, d, eps,
                              HAS_RES=residual is not None, BLOCK=_pow2(d),
                              num_warps=4 if d <= 2048 else 8)
     return out
+
+
+_HEAD_TILE_MAX = 8192  # elements of one token's [heads, head_dim] tile in the per-head kernels
+
+
+def _head_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    """Per-head norm of x [T, H, D] into out (contiguous): all heads of a token per program.
+    num_warps is fixed at 4, as in the fused prologue, so both lay the tile out alike."""
+    t, h, d = x.shape
+    tokens = _tokens_per_program(t, _pow2(h) * _pow2(d))
+    _k()._head_rmsnorm_kernel[(-(-t // tokens),)](
+        x, weight, out, t, x.stride(0), x.stride(1), d, eps, HEADS=h, TOKENS=tokens,
+        BLOCK_H=_pow2(h), BLOCK_D=_pow2(d), num_warps=4)
 
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
@@ -68,6 +95,45 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torc
                        k.stride(1), cos.stride(0), HQ=hq, HK=hk, HALF=d // 2,
                        BLOCK_HQ=_pow2(hq), BLOCK_HK=_pow2(hk),
                        BLOCK_D=_pow2(d // 2), num_warps=4)
+
+
+def qk_norm_rope_store_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
+                        q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None,
+                        eps: float = 0.0) -> None:
+    """A layer's attention prologue in one kernel (instead of q norm, k norm, rotary, KV store).
+
+    q [T, Hq, D], k, v [T, Hk, D]: views of the packed QKV output (rows strided, last dim dense).
+    With q_weight/k_weight (Qwen3's per-head norms) q and k are RMS-normed first; both are then
+    rotated (cos/sin [P, D] fp32, equal halves). q and k are updated in place; k also goes to
+    k_cache and v to v_cache ([pages, page_size, Hk, D]) at flat slots out_loc [T] (page *
+    page_size + offset; negative: a padding row, nothing stored). k is written in place too, so
+    whoever reads k after (a backend's forward) sees what the cache holds.
+    Same arithmetic as rmsnorm + rotary_ + store_kv on the same tensors: bit for bit under the
+    Triton interpreter (tests), and on a GPU when the compiler lays out the norm tile alike in
+    both (fixed 4 warps, same tile per token; bench/gpu_bench_fused_ops.py checks it).
+    """
+    t, hq, d = q.shape
+    hk = k.shape[1]
+    if t == 0:
+        return
+    assert d % 2 == 0 and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+    assert cos.is_contiguous() and sin.is_contiguous() and k_cache.stride(-1) == 1
+    assert k_cache.shape[1:] == v_cache.shape[1:] == (k_cache.shape[1], hk, d)
+    has_norm = q_weight is not None
+    assert has_norm == (k_weight is not None)
+    qw = q_weight if q_weight is not None else cos  # unread without norms
+    kw = k_weight if k_weight is not None else cos
+    tokens = _tokens_per_program(t, (_pow2(hq) + 2 * _pow2(hk)) * _pow2(d))
+    _k()._qk_norm_rope_store_kernel[(-(-t // tokens),)](
+        q, k, v, positions, cos, sin, qw, kw, k_cache, v_cache, out_loc, t,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cos.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), d, eps,
+        HQ=hq, HK=hk, HALF=d // 2, PAGE_SIZE=k_cache.shape[1], HAS_NORM=has_norm,
+        TOKENS=tokens, BLOCK_HQ=_pow2(hq), BLOCK_HK=_pow2(hk), BLOCK_D=_pow2(d),
+        BLOCK_HALF=_pow2(d // 2), num_warps=4)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

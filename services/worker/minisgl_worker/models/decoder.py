@@ -95,9 +95,9 @@ class CausalLM(nn.Module):
         """input_ids, positions [T] -> final hidden states [T, H] (normed)."""
         return self.model(input_ids, positions, attn)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, H] -> fp32 logits [N, vocab]."""
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        """[N, H] -> logits [N, vocab], fp32 or (fp32=False) in the activation dtype."""
+        return self.lm_head(hidden, fp32)
 
     def weight_target(self, name: str) -> tuple[str, Any] | None:
         """Checkpoint tensor name -> (our parameter name, shard id), or None to skip it."""

@@ -3,6 +3,12 @@
 Bit-for-bit the hash of `sampling_kernels` (which is the reference), in uint32 lanes. Each program
 scans one chunk of one row and leaves its best (value, index); a tiny torch reduce picks the chunk.
 Ties resolve to the lowest index everywhere, like torch.argmax.
+
+With per-row temperatures the kernel also does what used to be two full fp32 passes before it:
+it reads the logits in the model's dtype (bf16/fp16, upcast exactly as `.float()` does) and
+divides by the temperature itself, with IEEE round-to-nearest division like torch's `x / t` (a
+plain `/` in Triton is an approximate division on NVIDIA GPUs, which would change some draws).
+Rows with temperature <= 0 are greedy: plain argmax of the upcast logits, no noise.
 """
 
 from __future__ import annotations
@@ -33,11 +39,17 @@ def _row_key(seed, position):
 
 
 @triton.jit
-def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, part_val_ptr, part_idx_ptr, vocab,
-                          stride_x, chunk, num_chunks, BLOCK: tl.constexpr):
+def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, part_val_ptr, part_idx_ptr,
+                          vocab, stride_x, stride_seed, stride_temp, chunk, num_chunks,
+                          HAS_TEMP: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
-    key = _row_key(tl.load(seeds_ptr + row).to(tl.int64), tl.load(positions_ptr + row).to(tl.int64))
+    key = _row_key(tl.load(seeds_ptr + row * stride_seed).to(tl.int64),
+                   tl.load(positions_ptr + row).to(tl.int64))
+    if HAS_TEMP:
+        temp = tl.load(temps_ptr + row * stride_temp).to(tl.float32)
+        greedy = temp <= 0
+        temp = tl.where(greedy, 1.0, temp)  # x / 1 is exact: greedy rows see the raw logits
     start = c * chunk
     end = tl.minimum(start + chunk, vocab)
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -47,9 +59,14 @@ def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, part_val_ptr, part_id
         j = off + offs
         mask = j < end
         x = tl.load(x_ptr + row.to(tl.int64) * stride_x + j, mask=mask, other=float("-inf"))
+        x = x.to(tl.float32)
         bits = _hash32(key ^ _hash32(j.to(tl.uint32) ^ 0x85EBCA6B))
         u = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
-        s = x.to(tl.float32) - tl.log(-tl.log(u))
+        g = tl.log(-tl.log(u))
+        if HAS_TEMP:
+            x = tl.math.div_rn(x, temp)
+            g = tl.where(greedy, 0.0, g)  # x - 0 == x: the argmax of the logits themselves
+        s = x - g
         s = tl.where(mask, s, float("-inf"))
         better = s > best_val  # strict: a lane keeps its earliest maximum
         best_val = tl.where(better, s, best_val)
@@ -60,24 +77,33 @@ def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, part_val_ptr, part_id
     tl.store(part_idx_ptr + row * num_chunks + c, idx.to(tl.int64))
 
 
+def default_num_chunks(batch: int, vocab: int, block: int = _BLOCK) -> int:
+    return max(1, min(triton.cdiv(vocab, 4 * block), triton.cdiv(_TARGET_PROGRAMS, max(batch, 1))))
+
+
 def gumbel_argmax(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                  num_chunks: int | None = None) -> torch.Tensor:
-    """argmax_j(x[b, j] + gumbel(row_key(seeds[b], positions[b]), j)) per row; x [B, V] float32,
-    seeds and positions [B] int64. The row keys are hashed in the kernel: a dozen fewer tiny
-    launches per step than computing them with torch ops."""
+                  num_chunks: int | None = None, temps: torch.Tensor | None = None,
+                  block: int = _BLOCK) -> torch.Tensor:
+    """argmax_j(x[b, j] / t_b + gumbel(row_key(seeds[b], positions[b]), j)) per row, t_b = 1
+    without `temps`; rows with temps[b] <= 0 take argmax_j x[b, j]. x [B, V] float32, bf16 or
+    fp16 (rows may be strided, e.g. a vocabulary slice); seeds and positions int64 [B]; temps
+    float32 [B]. The row keys are hashed in the kernel: a dozen fewer tiny launches per step
+    than computing them with torch ops."""
     batch, vocab = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
+    if positions.stride(0) != 1:
+        positions = positions.contiguous()
     if num_chunks is None:
-        num_chunks = max(1, min(triton.cdiv(vocab, 4 * _BLOCK),
-                                triton.cdiv(_TARGET_PROGRAMS, batch)))
-    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), _BLOCK) * _BLOCK
+        num_chunks = default_num_chunks(batch, vocab, block)
+    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block) * block
     num_chunks = triton.cdiv(vocab, chunk)
     part_val = torch.empty(batch, num_chunks, dtype=torch.float32, device=x.device)
     part_idx = torch.empty(batch, num_chunks, dtype=torch.int64, device=x.device)
+    has_temp = temps is not None
     _gumbel_argmax_kernel[(batch, num_chunks)](
-        x, seeds.contiguous(), positions.contiguous(), part_val, part_idx, vocab, x.stride(0),
-        chunk, num_chunks,
-        BLOCK=_BLOCK, num_warps=4)
+        x, seeds, positions, temps if has_temp else part_val, part_val, part_idx, vocab,
+        x.stride(0), seeds.stride(0), temps.stride(0) if has_temp else 0, chunk, num_chunks,
+        HAS_TEMP=has_temp, BLOCK=block, num_warps=4)
     best = part_val.argmax(dim=1, keepdim=True)
     return part_idx.gather(1, best).squeeze(1)
