@@ -4,7 +4,9 @@
 
 Per backend (one engine each, the same dummy weights via the same seed):
 * prefill logits of 8 prompts (one of them chunked over a cached prefix) against the torch
-  backend's: max and median over tokens of max|diff| / max|torch logit| (bf16 tolerance);
+  backend's: max and median over tokens of max|diff| / max|torch logit|. With
+  `--fp32-reference` the reference is torch in fp32 and the torch backend's own bf16 error is
+  the floor every backend must stay near (bf16 tolerance, measured rather than guessed);
 * greedy decode of 32 tokens with CUDA graphs and again eagerly in the same engine: the tokens
   must be identical (the batch is a captured size, so no padding changes GEMM shapes);
 * greedy agreement of the first sampled token with the torch backend.
@@ -14,6 +16,7 @@ Per backend (one engine each, the same dummy weights via the same seed):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -58,11 +61,13 @@ def logits_of(engine, ps: list[list[int]]) -> torch.Tensor:
     return out.cpu()
 
 
-def check_backend(model: str, backend: str, ref: torch.Tensor | None, max_len: int) -> dict:
+def check_backend(model: str, backend: str, ref: torch.Tensor | None, max_len: int,
+                  dtype: str = "auto") -> tuple[dict, torch.Tensor]:
     from minisgl_worker.engine import Engine, EngineConfig
 
     prefill, _, decode = backend.partition("+")
-    cfg = EngineConfig(model_path=model, load_format="dummy", device=DEVICE, page_size=PAGE,
+    cfg = EngineConfig(model_path=model, load_format="dummy", device=DEVICE, dtype=dtype,
+                       page_size=PAGE,
                        num_pages=2048, max_slots=BS, cuda_graph_max_bs=BS,
                        max_model_len=max_len, attention_backend=prefill,
                        decode_attention_backend=decode or None)
@@ -90,9 +95,18 @@ def check_backend(model: str, backend: str, ref: torch.Tensor | None, max_len: i
         rec["tokens"] = [g[:4] for g in graph]
     finally:
         engine.close()
-    rec["ok"] = bool(rec["graph_equals_eager"] and
-                     (ref is None or rec["logit_err_median"] < 0.02))
     return rec, logits
+
+
+def within_tolerance(rec: dict, floor: float | None) -> bool:
+    """Against fp32: no worse than torch's own bf16 run (the floor) by more than half again.
+    Against torch bf16 (when fp32 does not fit): a fixed bound, as dummy weights amplify bf16
+    rounding through the layers (~1-5 % of the largest logit measured on the H100)."""
+    if "logit_err_median" not in rec:
+        return True  # the reference itself
+    if floor is not None:
+        return rec["logit_err_median"] <= max(1.5 * floor, floor + 0.005)
+    return rec["logit_err_median"] < 0.06
 
 
 def main() -> int:
@@ -102,25 +116,36 @@ def main() -> int:
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself")
+    ap.add_argument("--fp32-reference", action="store_true",
+                    help="compare against the torch backend in fp32 (needs 4 bytes a parameter)")
     a = ap.parse_args()
     global DEVICE
     DEVICE = a.device
     results, failed = [], 0
     for model in a.model:
-        ref = None
+        ref, floor = None, None
+        if a.fp32_reference:  # the bf16 noise floor: torch in bf16 against torch in fp32
+            _, ref = check_backend(model, "torch", None, a.max_len, dtype="float32")
+            gc.collect()
+            torch.cuda.empty_cache()
         for backend in a.backends.split(","):
-            key = {"model": Path(model).name, "backend": backend}
+            key = {"model": Path(model).name, "backend": backend,
+                   "reference": "torch fp32" if a.fp32_reference else "torch bf16"}
             try:
                 rec, logits = check_backend(model, backend, ref, a.max_len)
-                if backend == "torch":
+                if ref is None and backend == "torch":
                     ref = logits
+                if backend == "torch" and a.fp32_reference:
+                    floor = rec["logit_err_median"]
                 rec = {**key, **rec}
+                rec["ok"] = rec["graph_equals_eager"] and within_tolerance(rec, floor)
             except Exception as exc:  # report it and go on with the other backends
                 rec = {**key, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
                 traceback.print_exc(limit=6)
             failed += not rec["ok"]
             results.append(rec)
             print(json.dumps(rec), flush=True)
+            gc.collect()  # graphs and engines hold device memory through reference cycles
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     if a.json:
