@@ -39,9 +39,10 @@ def _row_key(seed, position):
 
 
 @triton.jit
-def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, part_val_ptr, part_idx_ptr,
-                          vocab, stride_x, stride_seed, stride_temp, chunk, num_chunks,
-                          HAS_TEMP: tl.constexpr, BLOCK: tl.constexpr):
+def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, tok_hash_ptr, part_val_ptr,
+                          part_idx_ptr, vocab, stride_x, stride_seed, stride_temp, chunk,
+                          num_chunks, HAS_TEMP: tl.constexpr, TOK_TABLE: tl.constexpr,
+                          BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     key = _row_key(tl.load(seeds_ptr + row * stride_seed).to(tl.int64),
@@ -49,7 +50,7 @@ def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, part_val_p
     if HAS_TEMP:
         temp = tl.load(temps_ptr + row * stride_temp).to(tl.float32)
         greedy = temp <= 0
-        temp = tl.where(greedy, 1.0, temp)  # x / 1 is exact: greedy rows see the raw logits
+        temp = tl.where(greedy, 1.0, temp)  # unused on greedy rows, but no 0 / 0 there
     start = c * chunk
     end = tl.minimum(start + chunk, vocab)
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -58,15 +59,22 @@ def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, part_val_p
     for off in range(start, end, BLOCK):
         j = off + offs
         mask = j < end
-        x = tl.load(x_ptr + row.to(tl.int64) * stride_x + j, mask=mask, other=float("-inf"))
-        x = x.to(tl.float32)
-        bits = _hash32(key ^ _hash32(j.to(tl.uint32) ^ 0x85EBCA6B))
-        u = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
-        g = tl.log(-tl.log(u))
+        raw = tl.load(x_ptr + row.to(tl.int64) * stride_x + j, mask=mask, other=float("-inf"))
+        x = raw.to(tl.float32)
         if HAS_TEMP:
             x = tl.math.div_rn(x, temp)
-            g = tl.where(greedy, 0.0, g)  # x - 0 == x: the argmax of the logits themselves
-        s = x - g
+        if TOK_TABLE:  # the same bits from an L2-resident table: fewer integer ops
+            tok = tl.load(tok_hash_ptr + j, mask=mask, other=0).to(tl.uint32, bitcast=True)
+        else:
+            tok = _hash32(j.to(tl.uint32) ^ 0x85EBCA6B)
+        bits = _hash32(key ^ tok)
+        u = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
+        # Exactly the expression of the fp32-only kernel: anything between the log and the
+        # subtraction could change whether the compiler contracts them into an FMA, and so
+        # the last bit of the score.
+        s = x - tl.log(-tl.log(u))
+        if HAS_TEMP:
+            s = tl.where(greedy, raw.to(tl.float32), s)
         s = tl.where(mask, s, float("-inf"))
         better = s > best_val  # strict: a lane keeps its earliest maximum
         best_val = tl.where(better, s, best_val)
@@ -81,14 +89,34 @@ def default_num_chunks(batch: int, vocab: int, block: int = _BLOCK) -> int:
     return max(1, min(triton.cdiv(vocab, 4 * block), triton.cdiv(_TARGET_PROGRAMS, max(batch, 1))))
 
 
+def token_hash_table(vocab: int, device: torch.device) -> torch.Tensor:
+    """`sampling_kernels.token_hashes` as int32 bit patterns, for `tok_hash=`."""
+    from ..sampling_kernels import token_hashes
+
+    h = token_hashes(vocab, device)
+    return (h - ((h >> 31) << 32)).to(torch.int32)
+
+
 def gumbel_argmax(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                   num_chunks: int | None = None, temps: torch.Tensor | None = None,
-                  block: int = _BLOCK) -> torch.Tensor:
+                  block: int = _BLOCK, tok_hash: torch.Tensor | None = None) -> torch.Tensor:
     """argmax_j(x[b, j] / t_b + gumbel(row_key(seeds[b], positions[b]), j)) per row, t_b = 1
     without `temps`; rows with temps[b] <= 0 take argmax_j x[b, j]. x [B, V] float32, bf16 or
     fp16 (rows may be strided, e.g. a vocabulary slice); seeds and positions int64 [B]; temps
     float32 [B]. The row keys are hashed in the kernel: a dozen fewer tiny launches per step
-    than computing them with torch ops."""
+    than computing them with torch ops. `tok_hash` (from `token_hash_table`) replaces the
+    per-token hash by a load: the same tokens, at another balance of ALU and cache work."""
+    part_val, part_idx = gumbel_partials(x, seeds, positions, num_chunks, temps, block, tok_hash)
+    best = part_val.argmax(dim=1, keepdim=True)
+    return part_idx.gather(1, best).squeeze(1)
+
+
+def gumbel_partials(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                    num_chunks: int | None = None, temps: torch.Tensor | None = None,
+                    block: int = _BLOCK, tok_hash: torch.Tensor | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each chunk's best (score, index), [B, C] float32 and int64: the scores let checks compare
+    two paths bit for bit at many points per row, not only at the winning token."""
     batch, vocab = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -102,8 +130,8 @@ def gumbel_argmax(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     part_idx = torch.empty(batch, num_chunks, dtype=torch.int64, device=x.device)
     has_temp = temps is not None
     _gumbel_argmax_kernel[(batch, num_chunks)](
-        x, seeds, positions, temps if has_temp else part_val, part_val, part_idx, vocab,
+        x, seeds, positions, temps if has_temp else part_val,
+        tok_hash if tok_hash is not None else part_val, part_val, part_idx, vocab,
         x.stride(0), seeds.stride(0), temps.stride(0) if has_temp else 0, chunk, num_chunks,
-        HAS_TEMP=has_temp, BLOCK=block, num_warps=4)
-    best = part_val.argmax(dim=1, keepdim=True)
-    return part_idx.gather(1, best).squeeze(1)
+        HAS_TEMP=has_temp, TOK_TABLE=tok_hash is not None, BLOCK=block, num_warps=4)
+    return part_val, part_idx
