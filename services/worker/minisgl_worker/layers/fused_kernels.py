@@ -24,11 +24,13 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_s0, x_s1, res_s0, out_s0, 
     tl.store(out_ptr + row * out_s0 + cols, (xf * inv * w).to(out_ptr.dtype.element_ty),
              mask=mask)
 
+
 @triton.jit
 def _inv_rms(ptrs, mask, n_cols, eps):
     """1/rms of each row of a [rows, BLOCK_D] tile, statistics in fp32. The per-head norm kernel
-    and the fused attention prologue both call this, on the same tile shape per token, so they
-    reduce in the same order and agree bit for bit."""
+    and the fused attention prologue both call this on the same per-token tile with 4 warps, so
+    Triton gives the sum the same layout (sm_90 TTGIR: sizePerThread [1, 8], threadsPerWarp
+    [2, 16] for bf16 [H, 128]) and both reduce in the same order: identical bits."""
     xf = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     return tl.rsqrt(tl.sum(xf * xf, axis=1) / n_cols + eps)
 
@@ -90,34 +92,43 @@ def _silu_mul_kernel(x_ptr, out_ptr, x_s0, out_s0, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _norm_rope_heads(ptr, s1, w_ptr, cos, sin, n_cols, eps, H: tl.constexpr, HALF: tl.constexpr,
-                     HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_HALF: tl.constexpr):
-    """The H heads of one token (s1 apart from ptr): RMSNorm if HAS_NORM, then rotary, written
-    back in place; returns the two rotated halves [BLOCK_H, BLOCK_HALF] in ptr's dtype.
-    Same arithmetic as _head_rmsnorm_kernel then _rope_kernel: the normed value is rounded to
-    the activation dtype (the unfused path stores it in between), rotated in fp32, rounded once;
-    the expressions are written as in those kernels so that FMA contraction matches too."""
+def _load_heads(ptr, s1, n_cols, eps, H: tl.constexpr, HALF: tl.constexpr,
+                HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_HALF: tl.constexpr):
+    """The H heads of one token (s1 apart from ptr) as fp32 halves [BLOCK_H, BLOCK_HALF], and
+    each head's 1/rms [BLOCK_H, 1] if HAS_NORM (from a full-row load, L1 hits: the same tile
+    and reduction as _head_rmsnorm_kernel, which halves would not give)."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_HALF)[None, :]
+    m = (h < H) & (d < HALF)
+    x1 = tl.load(ptr + h * s1 + d, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr + h * s1 + HALF + d, mask=m, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        full = tl.arange(0, BLOCK_D)[None, :]
+        inv = _inv_rms(ptr + h * s1 + full, (h < H) & (full < n_cols), n_cols, eps)[:, None]
+    else:
+        inv = tl.full([BLOCK_H, 1], 1.0, tl.float32)
+    return x1, x2, inv
+
+
+@triton.jit
+def _rope_heads_(ptr, s1, x1, x2, inv, w1, w2, cos, sin, H: tl.constexpr, HALF: tl.constexpr,
+                 HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Norm (if HAS_NORM) and rotate what _load_heads gave, store it back at ptr; returns the
+    rotated halves in ptr's dtype. The arithmetic of _head_rmsnorm_kernel then _rope_kernel:
+    the normed value rounded to the activation dtype (the unfused path stores it in between),
+    rotated in fp32, rounded once; expressions written as there, so FMA contraction matches."""
     dt = ptr.dtype.element_ty
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_HALF)[None, :]
     m = (h < H) & (d < HALF)
-    p = ptr + h * s1 + d
-    x1 = tl.load(p, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(p + HALF, mask=m, other=0.0).to(tl.float32)
     if HAS_NORM:
-        # Statistics from a full-row load (L1 hits): the same tile and reduction as the
-        # per-head norm kernel, which halves would not give.
-        full = tl.arange(0, BLOCK_D)[None, :]
-        inv = _inv_rms(ptr + h * s1 + full, (h < H) & (full < n_cols), n_cols, eps)[:, None]
-        w1 = tl.load(w_ptr + d, mask=d < HALF, other=0.0).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + d, mask=d < HALF, other=0.0).to(tl.float32)
         x1 = (x1 * inv * w1).to(dt).to(tl.float32)
         x2 = (x2 * inv * w2).to(dt).to(tl.float32)
     y1 = (x1 * cos - x2 * sin).to(dt)
     y2 = (x2 * cos + x1 * sin).to(dt)
-    tl.store(p, y1, mask=m)
-    tl.store(p + HALF, y2, mask=m)
+    tl.store(ptr + h * s1 + d, y1, mask=m)
+    tl.store(ptr + h * s1 + HALF + d, y2, mask=m)
     return y1, y2
 
 
@@ -133,27 +144,42 @@ def _qk_norm_rope_store_kernel(
     # One layer's attention prologue for TOKENS tokens per program: q heads normed + rotated in
     # place; k heads normed + rotated in place and into the K cache; v copied into the V cache.
     # A negative slot (padding) writes no cache row, but q/k are still done (attention reads q).
-    d = tl.arange(0, BLOCK_HALF)
+    d = tl.arange(0, BLOCK_HALF)[None, :]
+    dm = d < HALF
     hk = tl.arange(0, BLOCK_HK)[:, None]
     dv = tl.arange(0, BLOCK_D)[None, :]
+    vm = (hk < HK) & (dv < n_cols)
+    if HAS_NORM:
+        qw1 = tl.load(qw_ptr + d, mask=dm, other=0.0).to(tl.float32)
+        qw2 = tl.load(qw_ptr + HALF + d, mask=dm, other=0.0).to(tl.float32)
+        kw1 = tl.load(kw_ptr + d, mask=dm, other=0.0).to(tl.float32)
+        kw2 = tl.load(kw_ptr + HALF + d, mask=dm, other=0.0).to(tl.float32)
+    else:
+        qw1 = tl.full([1, BLOCK_HALF], 1.0, tl.float32)  # unread without norms
+        qw2, kw1, kw2 = qw1, qw1, qw1
     for i in range(TOKENS):
         t = (tl.program_id(0) * TOKENS + i).to(tl.int64)
         if t < n_tokens:
+            # Every load first: q's stores may alias k/v for all the compiler knows, so loads
+            # placed after them would wait for them (three memory round trips instead of one).
             pos = tl.load(pos_ptr + t)
-            cos = tl.load(cos_ptr + pos * cs_s0 + d, mask=d < HALF, other=0.0)[None, :]
-            sin = tl.load(sin_ptr + pos * cs_s0 + d, mask=d < HALF, other=0.0)[None, :]
-            _norm_rope_heads(q_ptr + t * q_s0, q_s1, qw_ptr, cos, sin, n_cols, eps, HQ, HALF,
-                             HAS_NORM, BLOCK_HQ, BLOCK_D, BLOCK_HALF)
-            k1, k2 = _norm_rope_heads(k_ptr + t * k_s0, k_s1, kw_ptr, cos, sin, n_cols, eps, HK,
-                                      HALF, HAS_NORM, BLOCK_HK, BLOCK_D, BLOCK_HALF)
             loc = tl.load(loc_ptr + t).to(tl.int64)
+            cos = tl.load(cos_ptr + pos * cs_s0 + d, mask=dm, other=0.0)
+            sin = tl.load(sin_ptr + pos * cs_s0 + d, mask=dm, other=0.0)
+            vals = tl.load(v_ptr + t * v_s0 + hk * v_s1 + dv, mask=vm, other=0.0)
+            q1, q2, q_inv = _load_heads(q_ptr + t * q_s0, q_s1, n_cols, eps, HQ, HALF, HAS_NORM,
+                                        BLOCK_HQ, BLOCK_D, BLOCK_HALF)
+            k1, k2, k_inv = _load_heads(k_ptr + t * k_s0, k_s1, n_cols, eps, HK, HALF, HAS_NORM,
+                                        BLOCK_HK, BLOCK_D, BLOCK_HALF)
+            _rope_heads_(q_ptr + t * q_s0, q_s1, q1, q2, q_inv, qw1, qw2, cos, sin, HQ, HALF,
+                         HAS_NORM, BLOCK_HQ, BLOCK_HALF)
+            y1, y2 = _rope_heads_(k_ptr + t * k_s0, k_s1, k1, k2, k_inv, kw1, kw2, cos, sin, HK,
+                                  HALF, HAS_NORM, BLOCK_HK, BLOCK_HALF)
             if loc >= 0:
                 page, off = loc // PAGE_SIZE, loc % PAGE_SIZE
-                km = (hk < HK) & (d[None, :] < HALF)
-                kc = kc_ptr + page * kc_s0 + off * kc_s1 + hk * kc_s2 + d[None, :]
-                tl.store(kc, k1.to(kc_ptr.dtype.element_ty), mask=km)
-                tl.store(kc + HALF, k2.to(kc_ptr.dtype.element_ty), mask=km)
-                vm = (hk < HK) & (dv < n_cols)
-                vals = tl.load(v_ptr + t * v_s0 + hk * v_s1 + dv, mask=vm, other=0.0)
+                kc = kc_ptr + page * kc_s0 + off * kc_s1 + hk * kc_s2 + d
+                km = (hk < HK) & dm
+                tl.store(kc, y1.to(kc_ptr.dtype.element_ty), mask=km)
+                tl.store(kc + HALF, y2.to(kc_ptr.dtype.element_ty), mask=km)
                 tl.store(vc_ptr + page * vc_s0 + off * vc_s1 + hk * vc_s2 + dv,
                          vals.to(vc_ptr.dtype.element_ty), mask=vm)
