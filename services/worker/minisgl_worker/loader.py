@@ -81,6 +81,9 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
 
 
 def init_dummy(model: CausalLM, seed: int) -> None:
+    """Draws in fp32 and rounds to the model's dtype, so a bf16 and an fp32 model from the same
+    seed hold the same weights up to rounding (CUDA's normal_ walks its random stream differently
+    per dtype: drawn in bf16 directly, an fp32 reference would be another model altogether)."""
     params = list(model.named_parameters())
     if not params or params[0][1].device.type == "meta":
         return
@@ -89,7 +92,8 @@ def init_dummy(model: CausalLM, seed: int) -> None:
         if name.endswith("norm.weight"):
             p.data.fill_(1.0)
         else:
-            p.data.normal_(0.0, DUMMY_STD, generator=gen)
+            draw = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+            p.data.copy_(draw.normal_(0.0, DUMMY_STD, generator=gen))
 
 
 def load_model(model_path: str | Path, cfg: ModelConfig, load_format: str, max_positions: int,
