@@ -117,11 +117,14 @@ async def run_load(args, workload: list[tuple[list[int], int]], url: str, target
         from minisgl_core.proto.minisgl.v1 import generation_pb2 as pb
         from minisgl_core.proto.minisgl.v1 import generation_pb2_grpc as pbg
 
-        channel = grpc.aio.insecure_channel(target)
-        stub = pbg.GenerationStub(channel)
+        # Several channels (connections): with gateway replicas each lands on one of them.
+        stubs = [pbg.GenerationStub(grpc.aio.insecure_channel(
+            target, options=[("grpc.use_local_subchannel_pool", 1)]))
+            for _ in range(args.grpc_channels)]
+        turn = iter(range(1 << 62))
 
         def send(p, n):
-            return grpc_request(stub, pb, p, n)
+            return grpc_request(stubs[next(turn) % len(stubs)], pb, p, n)
 
     async def one(prompt: list[int], max_tokens: int) -> Result:
         async with sem:
@@ -180,6 +183,8 @@ def main() -> int:
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--worker-args", default="")
     p.add_argument("--compare-in-process", action="store_true")
+    p.add_argument("--gateway-replicas", type=int, default=1, help="with --launch")
+    p.add_argument("--grpc-channels", type=int, default=8)
     p.add_argument("--json", default=None)
     p.add_argument("--samples", default=None,
                    help="append per-request TTFT and ITL samples (JSON lines) for bench/plot.py")
@@ -202,6 +207,7 @@ def main() -> int:
                                       ("worker", "tokenizer", "detokenizer", "scheduler"), 0),
                                   extra_args={"worker": worker_args},
                                   log_dir=Path("/tmp/minisgl-bench-logs"), log_level="warning",
+                                  gateway_replicas=args.gateway_replicas,
                                   startup_timeout=900)).start()
         args.url, args.grpc_target = stack.http_url, stack.grpc_target
     records = []

@@ -79,3 +79,36 @@ def test_serve_starts_all_and_stops_all(tiny_model_path: Path, how: signal.Signa
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_gateway_replicas_share_the_public_ports(tiny_model_path: Path, tmp_path: Path) -> None:
+    """Two gateway processes on one HTTP and one gRPC port: both listen, requests on many
+    connections all succeed, and stopping the stack ends every process with exit code 0. A
+    gateway started without --reuse-port on a taken port fails instead of sharing it."""
+    from minisgl.launcher import Stack, StackConfig, _listening_ports
+
+    http, grpc_port = free_port(), free_port()
+    stack = Stack(StackConfig(
+        model_path=str(tiny_model_path), http_port=http, grpc_port=grpc_port,
+        internal_ports=dict.fromkeys(("worker", "tokenizer", "detokenizer", "scheduler"), 0),
+        log_dir=tmp_path, log_level="warning", gateway_replicas=2)).start()
+    try:
+        gateways = [stack.processes["gateway"], stack.processes["gateway-1"]]
+        for p in gateways:
+            assert {http, grpc_port} <= _listening_ports(p.pid)
+        for _ in range(6):  # a fresh connection each: the kernel spreads them over both
+            reply = httpx.post(f"http://127.0.0.1:{http}/v1/completions",
+                               json={"prompt": "In the beginning", "max_tokens": 3}, timeout=60)
+            assert reply.status_code == 200, reply.text
+        lone = subprocess.run([sys.executable, "-m", "minisgl_gateway", "--port", str(http),
+                               "--grpc-port", str(grpc_port),
+                               "--tokenizer", stack.target("tokenizer"),
+                               "--detokenizer", stack.target("detokenizer"),
+                               "--scheduler", stack.target("scheduler"), "--log-level", "error"],
+                              capture_output=True, text=True, timeout=120)
+        assert lone.returncode != 0 and "bind" in lone.stderr + lone.stdout
+    finally:
+        codes = stack.stop()
+    assert set(codes) == {"worker", "tokenizer", "detokenizer", "scheduler", "gateway",
+                          "gateway-1"}
+    assert all(c == 0 for c in codes.values()), codes

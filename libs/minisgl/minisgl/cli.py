@@ -28,6 +28,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-port", type=int, default=DEFAULT_PORTS["gateway_grpc"],
                    help="public gRPC port")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--gateway-replicas", type=int, default=1,
+                   help="gateway processes sharing the public ports (one carries ~10k "
+                        "streamed tokens/s)")
     for name in ("worker", "scheduler", "tokenizer", "detokenizer", "gateway"):
         p.add_argument(f"--{name}-args", default="", metavar="FLAGS",
                        help=f"extra flags for the {name} (one quoted string)")
@@ -39,7 +42,8 @@ def serve(args: argparse.Namespace) -> int:
              ("worker", "scheduler", "tokenizer", "detokenizer", "gateway")}
     stack = Stack(StackConfig(model_path=args.model, host=args.host, http_port=args.port,
                               grpc_port=args.grpc_port, extra_args=extra,
-                              log_level=args.log_level))
+                              log_level=args.log_level,
+                              gateway_replicas=max(1, args.gateway_replicas)))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -41,6 +41,28 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _listening_ports(pid: int) -> set[int]:
+    """TCP ports process `pid` listens on (Linux /proc; empty elsewhere)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    inodes = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 @dataclass
 class StackConfig:
     model_path: str
@@ -54,6 +76,10 @@ class StackConfig:
     log_level: str = "info"
     metrics: bool = True
     startup_timeout: float = 180.0
+    # Gateway processes sharing the public ports (SO_REUSEPORT): one Python event loop carries
+    # roughly 10k streamed tokens/s, so a fast GPU needs several. Each has its own upstream
+    # streams; the kernel spreads client connections over them.
+    gateway_replicas: int = 1
 
 
 class Stack:
@@ -101,16 +127,18 @@ class Stack:
                 "--scheduler", self.target("scheduler"),
             ],
         }
+        if name == "gateway" and cfg.gateway_replicas > 1:
+            common.append("--reuse-port")
         return commands[name] + common + cfg.extra_args.get(name, [])
 
-    def _spawn(self, name: str) -> None:
+    def _spawn(self, name: str, key: str | None = None) -> None:
         out: int | IO[bytes] | None = None
         if self.config.log_dir is not None:
             self.config.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.config.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
+            out = open(self.config.log_dir / f"{key or name}.log", "wb")  # noqa: SIM115 - closed in stop()
             self._logs.append(out)
         env = {**os.environ, **self.config.env, "PYTHONUNBUFFERED": "1"}
-        self.processes[name] = subprocess.Popen(
+        self.processes[key or name] = subprocess.Popen(
             self._command(name), stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
             preexec_fn=_die_with_parent, start_new_session=True,
         )
@@ -127,6 +155,19 @@ class Stack:
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{name} not healthy in time" + self._log_hint(name)) from None
+
+    def _wait_listening(self, key: str, deadline: float) -> None:
+        """Until gateway replica `key` listens on both public ports (it binds them only once its
+        upstream streams are open, so listening means ready)."""
+        ports = {self.config.http_port, self.config.grpc_port}
+        proc = self.processes[key]
+        while _listening_ports(proc.pid) & ports != ports:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{key} exited with code {proc.returncode} during start-up"
+                                   + self._log_hint(key))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{key} not listening in time" + self._log_hint(key))
+            time.sleep(0.1)
 
     def _log_hint(self, name: str) -> str:
         if self.config.log_dir is None:
@@ -146,6 +187,11 @@ class Stack:
             self._wait("scheduler", self.target("scheduler"), deadline)
             self._spawn("gateway")
             self._wait("gateway", self.grpc_target, deadline)
+            replicas = [f"gateway-{i}" for i in range(1, self.config.gateway_replicas)]
+            for key in replicas:
+                self._spawn("gateway", key)
+            for key in replicas:  # a health check through the shared port may reach any one
+                self._wait_listening(key, deadline)
         except BaseException:
             self.stop()
             raise
@@ -154,10 +200,8 @@ class Stack:
     def stop(self, timeout: float = 20.0) -> dict[str, int | None]:
         """SIGTERM in reverse start order, then SIGKILL what did not exit; returns exit codes."""
         codes: dict[str, int | None] = {}
-        for name in reversed(SERVICES):
-            proc = self.processes.get(name)
-            if proc is None:
-                continue
+        for name in reversed(list(self.processes)):  # gateway replicas first, worker last
+            proc = self.processes[name]
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
             try:

@@ -36,6 +36,9 @@ class GatewayConfig:
     api_keys: list[str] = field(default_factory=list)  # empty: no authentication
     tls_cert: str = ""
     tls_key: str = ""
+    # Several gateway processes on one host share the HTTP and gRPC ports (SO_REUSEPORT): the
+    # kernel spreads connections over them. Off: a second process on the port fails to start.
+    reuse_port: bool = False
     log_level: str = "info"
     drain_timeout: float = 30.0  # SIGTERM: seconds in-flight requests may take to finish
     startup_timeout: float = 120.0  # waiting for the upstreams at start-up
@@ -62,6 +65,8 @@ def _parser() -> ServiceArgs:
         help="accepted API key (repeatable; also MINISGL_GATEWAY_API_KEYS=k1,k2). None: no auth.")
     args.add("--tls-cert", d.tls_cert, "PEM certificate: serve HTTPS and gRPC over TLS")
     args.add("--tls-key", d.tls_key, "PEM private key for --tls-cert")
+    args.add("--reuse-port", d.reuse_port, "share the HTTP and gRPC ports with other gateway "
+             "processes on this host (SO_REUSEPORT; `minisgl serve --gateway-replicas`)", bool)
     args.add("--drain-timeout", d.drain_timeout, "SIGTERM: seconds to finish in-flight requests",
              float)
     args.add("--startup-timeout", d.startup_timeout, "seconds to wait for the upstreams", float)
@@ -108,6 +113,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
         host=ns.host, port=ns.port, grpc_port=ns.grpc_port, tokenizer=ns.tokenizer,
         detokenizer=ns.detokenizer, scheduler=ns.scheduler, model_name=ns.model_name,
         api_keys=list(keys), tls_cert=ns.tls_cert, tls_key=ns.tls_key, log_level=ns.log_level,
+        reuse_port=ns.reuse_port,
         drain_timeout=ns.drain_timeout, startup_timeout=ns.startup_timeout,
         upstream_timeout=ns.upstream_timeout, limits=limits,
     )

@@ -31,11 +31,13 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
 
 
-def _bind_tcp(host: str, port: int) -> socket.socket:
+def _bind_tcp(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind(address)
     except OSError as exc:
@@ -58,7 +60,10 @@ class GatewayServer:
         self.config = config
         self.gateway = Gateway(config)
         self.health = health.aio.HealthServicer()
-        self.grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
+        # gRPC turns SO_REUSEPORT on by default on Linux, so a second gateway on the same port
+        # would start and silently share it; only replicas that ask for it may.
+        self.grpc_server = grpc.aio.server(
+            options=[*GRPC_OPTIONS, ("grpc.so_reuseport", int(config.reuse_port))])
         add_to_server(GenerationService(self.gateway), self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         reflection.enable_server_reflection(
@@ -93,7 +98,7 @@ class GatewayServer:
         await self.grpc_server.start()
         # Bound here, not by uvicorn: uvicorn answers a busy port with sys.exit(), which would
         # tear through the event loop instead of reaching the clean shutdown below.
-        sock = _bind_tcp(self.config.host, self.config.port)
+        sock = _bind_tcp(self.config.host, self.config.port, self.config.reuse_port)
         self.http_port = sock.getsockname()[1]
         self._http_task = asyncio.create_task(self.http.serve(sockets=[sock]))
         while not self.http.started:

@@ -1,0 +1,106 @@
+"""The services' host-side ceiling: the real stack with a worker that computes nothing.
+
+    python bench/host_ceiling.py --model DIR [--step-ms 0] [--concurrency 256] [--protocol http]
+
+The worker process serves the real `WorkerService` over an engine that answers each step at once
+(or after `--step-ms`), sampling token (rid * 7 + step) % vocab. Everything else is the real
+gateway, tokenizer, scheduler and detokenizer, driven by bench/serving.py's load. The output
+tok/s is what the services can carry at most on this host: if it is not well above the GPU's
+in-process rate, the stack cannot reach it either. Run it under py-spy to see where time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def serve_null_worker(args: argparse.Namespace) -> None:
+    from minisgl_core.proto.minisgl.v1 import worker_pb2_grpc
+    from minisgl_core.serving import ServiceHost
+    from minisgl_core.step import StepExecutor, StepOutput, StepPlan, WorkerInfo
+    from minisgl_worker.server import WorkerService
+
+    cfg = json.loads((Path(args.model) / "config.json").read_text())
+
+    class NullEngine(StepExecutor):
+        def __init__(self) -> None:
+            self._queue: deque[StepPlan] = deque()
+
+        def info(self) -> WorkerInfo:
+            return WorkerInfo(model_name=Path(args.model).name, num_pages=1 << 16, page_size=16,
+                              max_model_len=4096, max_slots=256, vocab_size=cfg["vocab_size"],
+                              eos_token_ids=[], device="null")
+
+        def launch(self, plan: StepPlan) -> None:
+            self._queue.append(plan)
+
+        def collect(self) -> StepOutput:
+            plan = self._queue.popleft()
+            if args.step_ms:
+                time.sleep(args.step_ms / 1e3)
+            rids = [r.rid for r in plan.reqs if r.sample]
+            vocab = cfg["vocab_size"]
+            return StepOutput(plan.step_id, rids, [(rid * 7 + plan.step_id) % vocab
+                                                   for rid in rids])
+
+    host = ServiceHost("worker", "127.0.0.1", args.port, metrics_port=None)
+    host.add(worker_pb2_grpc.add_WorkerServicer_to_server, WorkerService(NullEngine()),
+             "minisgl.v1.Worker")
+    host.serve_forever(drain_timeout=1.0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="a dir with config.json + tokenizer files")
+    ap.add_argument("--step-ms", type=float, default=0.0)
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--num-requests", type=int, default=256)
+    ap.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    ap.add_argument("--gateway-replicas", type=int, default=1)
+    ap.add_argument("--grpc-channels", type=int, default=8)
+    ap.add_argument("--serve-worker-port", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_worker_port:
+        args.port = args.serve_worker_port
+        serve_null_worker(args)
+        return 0
+
+    from minisgl.launcher import Stack, StackConfig, free_port
+    from serving import build_workload, run_load
+
+    class NullWorkerStack(Stack):
+        def _command(self, name: str) -> list[str]:
+            if name != "worker":
+                return super()._command(name)
+            return [sys.executable, __file__, "--model", args.model, "--step-ms",
+                    str(args.step_ms), "--serve-worker-port", str(self.ports["worker"])]
+
+    stack = NullWorkerStack(StackConfig(
+        model_path=args.model, http_port=free_port(), grpc_port=free_port(),
+        internal_ports=dict.fromkeys(("worker", "tokenizer", "detokenizer", "scheduler"), 0),
+        log_dir=Path("/tmp/minisgl-ceiling-logs"), log_level="warning", metrics=False,
+        gateway_replicas=args.gateway_replicas)).start()
+    try:
+        print("pids", {k: p.pid for k, p in stack.processes.items()}, flush=True)
+        args.workload, args.request_rate = "random", 0.0
+        record = asyncio.run(run_load(args, build_workload("random", args.num_requests),
+                                      stack.http_url, stack.grpc_target))
+        record.pop("samples", None)
+        print(json.dumps({"step_ms": args.step_ms, "gateway_replicas": args.gateway_replicas,
+                          **record}))
+    finally:
+        stack.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
