@@ -71,7 +71,8 @@ async def http_request(client, url: str, model: str, prompt: list[int], max_toke
                     last = now
         res.ok, res.latency = True, time.perf_counter() - start
     except Exception as exc:  # a benchmark counts errors; it does not stop on them
-        res.error = repr(exc)
+        res.error = (f"{exc!r} after {time.perf_counter() - start:.2f}s, "
+                     f"{'after' if res.ttft else 'before'} the first token")
     return res
 
 
