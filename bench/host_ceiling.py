@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections import deque
@@ -87,7 +88,8 @@ def main() -> int:
     stack = NullWorkerStack(StackConfig(
         model_path=args.model, http_port=free_port(), grpc_port=free_port(),
         internal_ports=dict.fromkeys(("worker", "tokenizer", "detokenizer", "scheduler"), 0),
-        log_dir=Path("/tmp/minisgl-ceiling-logs"), log_level="warning", metrics=False,
+        log_dir=Path("/tmp/minisgl-ceiling-logs"),
+        log_level=os.environ.get("CEILING_LOG", "warning"), metrics=False,
         gateway_replicas=args.gateway_replicas)).start()
     try:
         print("pids", {k: p.pid for k, p in stack.processes.items()}, flush=True)
