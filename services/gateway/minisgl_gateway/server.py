@@ -28,6 +28,11 @@ from minisgl_gateway.grpc_api import GenerationService, add_to_server
 from minisgl_gateway.http_api import create_app
 
 log = logging.getLogger(__name__)
+# Idle keep-alive connections stay open this long (uvicorn's default is 5 s). A client that reuses
+# a pooled connection just as the server closes it gets a bare connection error; under load that
+# hit 1-2 of 256 streams in bench/host_ceiling.py with a 5 s timeout, none in 5 runs with 75 s.
+# 75 s is above the usual load-balancer idle timeout (60 s), so the balancer closes first.
+KEEP_ALIVE_S = 75
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
 
 
@@ -73,7 +78,8 @@ class GatewayServer:
             tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
         self.http = _Uvicorn(uvicorn.Config(
             create_app(self.gateway), host=config.host, port=config.port, log_config=None,
-            access_log=False, lifespan="off", timeout_graceful_shutdown=max(1, int(
+            access_log=False, lifespan="off", timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=max(1, int(
                 config.drain_timeout)), **tls))
         self.grpc_port = 0
         self.http_port = 0
