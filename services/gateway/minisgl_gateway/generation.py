@@ -16,7 +16,7 @@ from minisgl_core.proto.minisgl.v1 import common_pb2
 from minisgl_gateway import metrics
 from minisgl_gateway.core import Gateway
 from minisgl_gateway.job import Job, check_job, choice_seed, resolve_max_tokens
-from minisgl_gateway.pipeline import Sequence, StepEvent
+from minisgl_gateway.sequence import Sequence, StepEvent
 
 log = logging.getLogger(__name__)
 
