@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -122,7 +123,7 @@ async def run_load(args, workload: list[tuple[list[int], int]], url: str, target
         stubs = [pbg.GenerationStub(grpc.aio.insecure_channel(
             target, options=[("grpc.use_local_subchannel_pool", 1)]))
             for _ in range(args.grpc_channels)]
-        turn = iter(range(1 << 62))
+        turn = itertools.count()
 
         def send(p, n):
             return grpc_request(stubs[next(turn) % len(stubs)], pb, p, n)

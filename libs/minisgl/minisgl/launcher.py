@@ -24,8 +24,6 @@ from minisgl_core.serving import wait_for_health
 
 log = logging.getLogger(__name__)
 
-# Order of start; stop goes in reverse so the gateway stops taking requests first.
-SERVICES = ("worker", "tokenizer", "detokenizer", "scheduler", "gateway")
 _PR_SET_PDEATHSIG = 1
 
 
