@@ -59,6 +59,12 @@ def serve_null_worker(args: argparse.Namespace) -> None:
     host.serve_forever(drain_timeout=1.0)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a dir with config.json + tokenizer files")
@@ -94,9 +100,15 @@ def main() -> int:
     try:
         print("pids", {k: p.pid for k, p in stack.processes.items()}, flush=True)
         args.workload, args.request_rate = "random", 0.0
+        before = {k: _cpu_seconds(p.pid) for k, p in stack.processes.items()}
         record = asyncio.run(run_load(args, build_workload("random", args.num_requests),
                                       stack.http_url, stack.grpc_target))
         record.pop("samples", None)
+        tokens = max(1, round(record["output_tok_s"] * record["seconds"]))
+        # CPU time each service spent per output token: the busiest one bounds the stack.
+        record["cpu_us_per_token"] = {
+            k: round((_cpu_seconds(p.pid) - before[k]) / tokens * 1e6, 2)
+            for k, p in stack.processes.items()}
         print(json.dumps({"step_ms": args.step_ms, "gateway_replicas": args.gateway_replicas,
                           **record}))
     finally:

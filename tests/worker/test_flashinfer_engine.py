@@ -188,7 +188,7 @@ class _Tape(TorchDispatchMode):
                     old.copy_(fresh)
 
 
-def _tape_runner(model, backend, pool, max_bs):
+def _tape_runner(model, backend, pool, max_bs, logits=None):
     from minisgl_worker.cuda_graph import CudaGraphRunner, _empty_decode_batch, pad_decode_batch
 
     class _TapeGraphRunner(CudaGraphRunner):
@@ -206,7 +206,7 @@ def _tape_runner(model, backend, pool, max_bs):
             self._tapes[bs].replay()
             return self._outputs[bs]
 
-    return _TapeGraphRunner(model, backend, pool, max_bs, eager=True)
+    return _TapeGraphRunner(model, backend, pool, max_bs, eager=True, logits=logits)
 
 
 # -- the engine, end to end ----------------------------------------------------------------------
@@ -252,6 +252,23 @@ def test_engine_with_graphs_matches_torch(tiny_model_path, torch_tokens, fake_fl
     graph_plans = {bs: w.plans for bs, w in engine.backend._graph_wrappers.items()}
     assert graph_plans[2] > 1 and graph_plans[4] > 1  # replayed (each also planned at capture)
     assert engine.backend._decode.plans > 0  # decode batches of 5 rows ran without a graph
+
+
+def test_engine_with_graphs_computing_logits_matches_torch(tiny_model_path, torch_tokens,
+                                                            fake_flashinfer):
+    """As the engine builds its runner on CUDA: the LM head inside the graph, so replays return
+    logits; decode batches come padded from the PlanBuilder and the sampler reads the leading
+    rows (or gathers them, when a one-token prefill chunk in the batch does not sample)."""
+    engine = _engine(tiny_model_path, "flashinfer")
+    model = engine.model
+    runner = _tape_runner(model, engine.backend, engine.pool, max_bs=4,
+                          logits=lambda h: model.compute_logits(h, fp32=False))
+    assert runner.returns_logits
+    engine.graph_runner = runner
+    prompts, starts = _workload()
+    got = run_requests(engine, prompts, max_new=24, page_size=PS, chunk=8, starts=starts)
+    assert got == torch_tokens
+    assert runner.replays > 0
 
 
 def test_engine_without_graphs_matches_torch(tiny_model_path, torch_tokens, fake_flashinfer):

@@ -43,7 +43,7 @@ class TokenEvent:
         return self.finish_reason is not None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: attribute reads are the planner's inner loop
 class Request:
     rid: int
     prompt_len: int

@@ -151,15 +151,20 @@ class Scheduler:
     def _plan(self) -> _Launched:
         step = _Launched(StepPlan(self._next_step))
         budget = self.config.max_prefill_tokens
+        ps = self.page_size
         for req in list(self.running):  # oldest first: they win when memory is short
             if req.phase is not Phase.RUNNING:
                 continue  # preempted or ended while planning this step
-            if req.prefilling:
+            if req.computed < req.target:  # prefilling
                 if budget > 0 and (n := self._fit_chunk(req, budget)):
                     self._add_prefill(step, req, n)
                     budget -= n
-            elif req.can_decode and self._grow(req, req.computed + 1) and req.can_decode:
-                self._add(step, req, [])
+            elif len(req.tokens) - req.prompt_len + req.pending_samples < req.max_tokens:
+                # can_decode, inlined: this runs for every decoding request every step
+                if req.computed < len(req.pages) * ps:
+                    self._add_decode(step, req)  # its last page has room: the common case
+                elif self._grow(req, req.computed + 1) and req.can_decode:
+                    self._add_decode(step, req)
         self._admit(step, budget)
         return step
 
@@ -256,6 +261,19 @@ class Scheduler:
         if not self._poisoned:
             self.kv.cache_prefix(req, req.computed, step.plan.step_id)
 
+    def _add_decode(self, step: _Launched, req: Request) -> None:
+        """`_add(step, req, [])` for a decoding request, without the prefill-only fields."""
+        sent = req.sent_pages
+        entry = ReqPlan(req.rid, req.slot, req.computed, [], sent, req.pages[sent:])
+        step.plan.reqs.append(entry)
+        step.reqs.append(req)
+        step.sampled.append(req)
+        req.sent_pages = len(req.pages)
+        req.computed += 1
+        req.inflight += 1
+        req.pending_samples += 1
+        self._counters["decode"] += 1
+
     def _add(self, step: _Launched, req: Request, input_ids: list[int], start: bool = False) -> None:
         params = req.params
         sample = not input_ids or req.computed + len(input_ids) == req.target
@@ -316,14 +334,20 @@ class Scheduler:
     def _on_token(self, req: Request, out: StepOutput, i: int) -> None:
         token = out.token_ids[i]
         req.tokens.append(token)
-        event = self._event(req)
-        event.token_ids.append(token)
-        if req.params.logprobs and out.logprobs:
+        event = self._events.get(req)
+        if event is None:  # _event(req), with its first token
+            event = self._events[req] = TokenEvent(
+                req.rid, [token], prompt_tokens=req.prompt_len,
+                cached_tokens=max(0, req.cached_tokens))
+        else:
+            event.token_ids.append(token)
+        params = req.params
+        if params.logprobs and out.logprobs:
             event.logprobs.append(out.logprobs[i])
-            if req.params.top_logprobs and out.top_logprobs:
+            if params.top_logprobs and out.top_logprobs:
                 event.top_logprobs.append(out.top_logprobs[i])
-        n = req.num_outputs
-        if token in req.stop_ids and n >= req.params.min_tokens:
+        n = len(req.tokens) - req.prompt_len
+        if token in req.stop_ids and n >= params.min_tokens:
             self._finish(req, FinishReason.STOP)
         elif n >= req.max_tokens:
             self._finish(req, FinishReason.LENGTH)

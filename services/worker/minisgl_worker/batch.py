@@ -10,6 +10,7 @@ worker exactly as it was.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,17 +42,56 @@ class DeviceStep:
 
 class PlanBuilder:
     def __init__(self, max_slots: int, max_pages_per_seq: int, num_pages: int, page_size: int,
-                 max_model_len: int, vocab_size: int, device: torch.device) -> None:
+                 max_model_len: int, vocab_size: int, device: torch.device,
+                 dummy_page: int | None = None) -> None:
         self.max_slots, self.max_pages, self.num_pages = max_slots, max_pages_per_seq, num_pages
+        self.dummy_page = num_pages if dummy_page is None else dummy_page  # = KVPool.dummy_page
         self.page_size, self.max_model_len, self.vocab_size = page_size, max_model_len, vocab_size
         self.device = device
         self.page_table = np.zeros((max_slots, max_pages_per_seq), dtype=np.int32)
         self.pages_len = np.zeros(max_slots, dtype=np.int64)  # valid page-table entries
         self.has_future = np.zeros(max_slots, dtype=bool)  # a sampled token waits in the slot
+        self._ring = PinnedRing(device) if device.type == "cuda" else None
 
     # -- validation ---------------------------------------------------------------------------
 
     def validate(self, plan: StepPlan) -> None:
+        """Raise InvalidPlan unless `plan` keeps the worker contract. Checked over numpy columns
+        first; only a failing plan walks its requests one by one, for the precise message."""
+        if not self._plan_ok(plan):
+            self._validate_each(plan)
+
+    def _plan_ok(self, plan: StepPlan) -> bool:
+        reqs = plan.reqs
+        if not reqs:
+            return True
+        slots = np.array([r.slot for r in reqs], dtype=np.int64)
+        if slots.min() < 0 or slots.max() >= self.max_slots or len(np.unique(slots)) != len(slots):
+            return False
+        cache = np.array([r.cache_len for r in reqs], dtype=np.int64)
+        offset = np.array([r.page_offset for r in reqs], dtype=np.int64)
+        num_new = np.array([len(r.new_pages) for r in reqs], dtype=np.int64)
+        num_in = np.array([len(r.input_ids) for r in reqs], dtype=np.int64)
+        restart = np.array([r.sampling is not None for r in reqs], dtype=bool)
+        end = offset + num_new
+        seq = cache + np.maximum(num_in, 1)
+        pages = np.where(num_new > 0, end, self.pages_len[slots])
+        decode = num_in == 0
+        if (cache.min() < 0 or offset.min() < 0 or end.max() > self.max_pages
+                or seq.max() > self.max_model_len or (seq > pages * self.page_size).any()
+                or (decode & (restart | ~self.has_future[slots])).any()):
+            return False
+        vocab = self.vocab_size
+        for r in reqs:  # list fields: decode entries mostly have none
+            if r.new_pages and (min(r.new_pages) < 0 or max(r.new_pages) >= self.num_pages):
+                return False
+            if r.input_ids and (min(r.input_ids) < 0 or max(r.input_ids) >= vocab):
+                return False
+            if r.history_ids and (min(r.history_ids) < 0 or max(r.history_ids) >= vocab):
+                return False
+        return True
+
+    def _validate_each(self, plan: StepPlan) -> None:
         seen: set[int] = set()
         for r in plan.reqs:
             where = f"step {plan.step_id}, rid {r.rid}"
@@ -85,10 +125,17 @@ class PlanBuilder:
 
     # -- state + metadata -----------------------------------------------------------------------
 
-    def build(self, plan: StepPlan) -> tuple[DeviceStep, np.ndarray]:
-        """Apply the plan to the host mirrors and build the step (one host->device copy).
-        Also returns the step's page-table writes on the host, int64 [3, N] (slot, column,
-        page); `DeviceStep.page_writes` holds the same on the device."""
+    def build(self, plan: StepPlan, graph_size: Callable[[int], int | None] | None = None
+              ) -> tuple[DeviceStep, np.ndarray]:
+        """Apply the plan to the host mirrors and build the step (two host->device copies, one
+        int64 and one int32, from pinned memory). Also returns the step's page-table writes on
+        the host, int64 [3, N] (slot, column, page); `DeviceStep.page_writes` holds the same on
+        the device.
+
+        `graph_size(B)`, when given, names the CUDA-graph batch size a decode batch of B rows
+        runs in (None: no graph): the batch is then built already padded to it, padding rows as
+        `attention.base` prescribes, so the graph runner has nothing left to grow on the device.
+        Vectorised over requests: per request only the list fields are touched in Python."""
         reqs = plan.reqs
         writes = []
         for r in reqs:
@@ -98,65 +145,122 @@ class PlanBuilder:
                 self.pages_len[r.slot] = end
                 writes.append(np.stack([np.full(len(r.new_pages), r.slot),
                                         np.arange(r.page_offset, end), r.new_pages]))
-            if r.sampling is not None:
-                self.has_future[r.slot] = False
         b = len(reqs)
         ps = self.page_size
-        ext = np.array([r.num_input_tokens for r in reqs], dtype=np.int64)
+        ext = np.array([len(r.input_ids) or 1 for r in reqs], dtype=np.int64)
         cache = np.array([r.cache_len for r in reqs], dtype=np.int64)
         slots = np.array([r.slot for r in reqs], dtype=np.int64)
+        sample = np.array([r.sample for r in reqs], dtype=bool)
+        decode = np.array([not r.input_ids for r in reqs], dtype=bool)
+        self.has_future[slots] = sample  # what the slot holds after this step
+        is_decode = b > 0 and bool((ext == 1).all())
+        bs = (graph_size(b) or b) if is_decode and graph_size is not None else b
+        pad = bs - b
+        if pad:  # padding rows: seq_len 1, cache_len 0, slot 0, all pages the dummy page
+            ext = np.concatenate([ext, np.ones(pad, dtype=np.int64)])
+            cache = np.concatenate([cache, np.zeros(pad, dtype=np.int64)])
         seq = cache + ext
         t = int(ext.sum())
-        indptr = np.zeros(b + 1, dtype=np.int64)
+        indptr = np.zeros(bs + 1, dtype=np.int64)
         np.cumsum(ext, out=indptr[1:])
-        owner = np.repeat(np.arange(b), ext)
-        pos = cache[owner] + (np.arange(t) - indptr[:-1][owner])
-        out_loc = self.page_table[slots[owner], pos // ps].astype(np.int64) * ps + pos % ps
-        width = max(1, -(-int(seq.max()) // ps)) if b else 1
-        rows = self.page_table[slots, :width].astype(np.int64)
+        real_t = int(indptr[b])
+        owner = np.repeat(np.arange(b), ext[:b])
+        pos = np.zeros(t, dtype=np.int64)
+        pos[:real_t] = cache[owner] + (np.arange(real_t) - indptr[owner])
+        out_loc = np.full(t, self.dummy_page * ps, dtype=np.int64)
+        out_loc[:real_t] = (self.page_table[slots[owner], pos[:real_t] // ps].astype(np.int64) * ps
+                            + pos[:real_t] % ps)
+        width = max(1, -(-int(seq.max()) // ps)) if bs else 1
+        rows = np.full((bs, width), self.dummy_page, dtype=np.int32)
+        rows[:b] = self.page_table[slots, :width]
+        # FlashInfer's CSR page layout, here so the backend does not rebuild it per step.
+        num_pages = -(-seq // ps)
+        kv_indptr = np.zeros(bs + 1, dtype=np.int64)
+        np.cumsum(num_pages, out=kv_indptr[1:])
+        kv_indices = rows[np.arange(width)[None, :] < num_pages[:, None]]
+        kv_last = (seq - 1) % ps + 1
 
         input_ids = np.zeros(t, dtype=np.int64)
-        decode_idx, decode_slots, sample_idx, sample_slots, sample_pos, rids = [], [], [], [], [], []
-        for i, r in enumerate(reqs):
+        for i in np.flatnonzero(~decode).tolist():
             start = int(indptr[i])
-            if r.is_decode:
-                decode_idx.append(start)
-                decode_slots.append(r.slot)
-            else:
-                input_ids[start:start + len(r.input_ids)] = r.input_ids
-            if r.sample:
-                sample_idx.append(int(indptr[i + 1]) - 1)
-                sample_slots.append(r.slot)
-                sample_pos.append(int(seq[i]))
-                rids.append(r.rid)
-                self.has_future[r.slot] = True
-            else:
-                self.has_future[r.slot] = False
+            input_ids[start:start + len(reqs[i].input_ids)] = reqs[i].input_ids
+        starts = indptr[:b]
+        decode_idx, decode_slots = starts[decode], slots[decode]
+        sample_idx, sample_slots, sample_pos = indptr[1:b + 1][sample] - 1, slots[sample], seq[:b][sample]
+        rids = [r.rid for r in reqs if r.sample]
+        if pad:
+            slots = np.concatenate([slots, np.zeros(pad, dtype=np.int64)])
 
-        parts = [input_ids, pos, out_loc, slots, cache, ext, seq, indptr,
-                 np.array(sample_idx, dtype=np.int64), np.array(sample_slots, dtype=np.int64),
-                 np.array(sample_pos, dtype=np.int64), np.array(decode_idx, dtype=np.int64),
-                 np.array(decode_slots, dtype=np.int64), rows.reshape(-1)]
         page_writes = (np.concatenate(writes, axis=1).astype(np.int64) if writes
                        else np.zeros((3, 0), dtype=np.int64))
-        parts.append(page_writes.reshape(-1))
-        sizes = [len(p) for p in parts]
-        host = torch.from_numpy(np.concatenate(parts))
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        dev = host.to(self.device, non_blocking=True)
-        (ids_d, pos_d, loc_d, slots_d, cache_d, ext_d, seq_d, indptr_d, sidx_d, sslots_d, spos_d,
-         didx_d, dslots_d, rows_d, writes_d) = dev.split(sizes)
+        i64 = [input_ids, pos, out_loc, slots, sample_idx, sample_slots, sample_pos, decode_idx,
+               decode_slots, page_writes.reshape(-1)]
+        i32 = [cache, ext, seq, indptr, rows.reshape(-1), kv_indptr, kv_indices, kv_last]
+        (ids_d, pos_d, loc_d, slots_d, sidx_d, sslots_d, spos_d, didx_d, dslots_d,
+         writes_d), _ = self._upload(i64, np.int64)
+        (cache_d, ext_d, seq_d, indptr_d, rows_d, kvp_d, kvi_d, kvl_d), host32 = \
+            self._upload(i32, np.int32)
         batch = ForwardBatch(
-            batch_size=b, num_tokens=t, is_decode=b > 0 and bool((ext == 1).all()),
-            page_size=ps, positions=pos_d, out_loc=loc_d, slots=slots_d,
-            cache_lens=cache_d.int(), extend_lens=ext_d.int(), seq_lens=seq_d.int(),
-            qo_indptr=indptr_d.int(), page_table=rows_d.view(b, width).int(),
+            batch_size=bs, num_tokens=t, is_decode=is_decode, page_size=ps, positions=pos_d,
+            out_loc=loc_d, slots=slots_d, cache_lens=cache_d, extend_lens=ext_d, seq_lens=seq_d,
+            qo_indptr=indptr_d, page_table=rows_d.view(bs, width),
             cache_lens_host=cache.tolist(), extend_lens_host=ext.tolist(),
-            seq_lens_host=seq.tolist(), page_table_host=torch.from_numpy(rows.astype(np.int32)),
-            max_seq_len=int(seq.max()) if b else 0, max_extend_len=int(ext.max()) if b else 0,
-            sample_indices=sidx_d,
+            seq_lens_host=seq.tolist(), page_table_host=torch.from_numpy(rows),
+            max_seq_len=int(seq.max()) if bs else 0, max_extend_len=int(ext.max()) if bs else 0,
+            sample_indices=sidx_d, qo_indptr_host=host32[3], kv_indptr_host=host32[5],
+            kv_indices=kvi_d, kv_last_page_len_host=host32[7],
         )
-        step = DeviceStep(batch, ids_d, didx_d, dslots_d, sslots_d, spos_d, sample_slots, rids,
-                          len(decode_idx), writes_d.view(3, -1))
+        step = DeviceStep(batch, ids_d, didx_d, dslots_d, sslots_d, spos_d,
+                          sample_slots.tolist(), rids, len(decode_idx), writes_d.view(3, -1))
         return step, page_writes
+
+    def _upload(self, parts: list[np.ndarray], dtype: type
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Concatenate `parts` as `dtype` into one host tensor and copy it to the device without
+        waiting; returns the device and the host pieces, split like `parts`. On CUDA the host
+        side is a reused pinned buffer (`PinnedRing`): its pieces are valid during this launch."""
+        sizes = [len(p) for p in parts]
+        if self._ring is not None:
+            host, dev = self._ring.upload(parts, dtype)
+        else:
+            host = torch.from_numpy(np.concatenate(parts).astype(dtype, copy=False))
+            dev = host.to(self.device)
+        return list(dev.split(sizes)), list(host.split(sizes))
+
+
+class PinnedRing:
+    """Reused pinned host buffers for the per-step uploads. Fresh pinned memory per step costs
+    an allocator round trip (and, on a cache miss, cudaHostAlloc); a ring of buffers does not.
+    A buffer is refilled only after the copy that read it has finished (an event per buffer);
+    with at most two steps in flight and two uploads a step, that wait is normally over. Host
+    pieces handed out (FlashInfer's indptr, read again by its own plan-time copies) thus stay
+    intact until two later steps were built, by which time their step has been collected."""
+
+    def __init__(self, device: torch.device, depth: int = 6) -> None:
+        self.device = device
+        self._bufs: list[torch.Tensor | None] = [None] * depth
+        self._events: list[torch.cuda.Event | None] = [None] * depth
+        self._next = 0
+
+    def upload(self, parts: list[np.ndarray], dtype: type) -> tuple[torch.Tensor, torch.Tensor]:
+        i = self._next
+        self._next = (i + 1) % len(self._bufs)
+        event = self._events[i]
+        if event is not None:
+            event.synchronize()
+        count = sum(len(p) for p in parts)
+        nbytes = count * np.dtype(dtype).itemsize
+        buf = self._bufs[i]
+        if buf is None or buf.numel() < nbytes:
+            size = max(nbytes, 2 * (buf.numel() if buf is not None else 1 << 16))
+            buf = self._bufs[i] = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        host = buf[:nbytes].view(_TORCH_DTYPE[np.dtype(dtype)])
+        if count:
+            np.concatenate(parts, out=host.numpy(), casting="unsafe")
+        dev = host.to(self.device, non_blocking=True)
+        event = self._events[i] = torch.cuda.Event()
+        event.record()
+        return host, dev
+
+
+_TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}

@@ -91,10 +91,24 @@ def _empty_decode_batch(device: torch.device, page_size: int) -> ForwardBatch:
 
 class CudaGraphRunner:
     def __init__(self, model: ModelForward, backend: AttentionBackend, pool: KVPool,
-                 max_bs: int, eager: bool = False) -> None:
+                 max_bs: int, eager: bool = False,
+                 logits: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """`logits`, when given, maps the hidden states to logits inside the graph: `run` then
+        returns logits [B, vocab] (`returns_logits`), which spares the host a launch of the LM
+        head per step and keeps its shapes fixed."""
         if not backend.supports_cuda_graph:
             raise ValueError(f"attention backend {backend.name!r} cannot run in CUDA graphs")
-        self.model, self.backend, self.pool, self.eager = model, backend, pool, eager
+        self.backend, self.pool, self.eager = backend, pool, eager
+        self.returns_logits = logits is not None
+        self.model = model
+        if logits is not None:
+            hidden_of = model
+
+            def model_with_logits(ids: torch.Tensor, pos: torch.Tensor,
+                                  attn: AttentionBackend) -> torch.Tensor:
+                return logits(hidden_of(ids, pos, attn))
+
+            self.model = model_with_logits
         self.device = pool.device
         self.sizes = capture_sizes(max(1, min(max_bs, pool.max_slots)))
         self.max_bs = self.sizes[-1]
@@ -134,6 +148,12 @@ class CudaGraphRunner:
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.is_decode and 0 < batch.batch_size <= self.max_bs
 
+    def padded_size(self, batch_size: int) -> int | None:
+        """The captured size a decode batch of `batch_size` rows replays in; None: eager."""
+        if not 0 < batch_size <= self.max_bs:
+            return None
+        return self.graph_size(batch_size)
+
     def graph_size(self, batch_size: int) -> int:
         for s in self.sizes:
             if s >= batch_size:
@@ -141,7 +161,8 @@ class CudaGraphRunner:
         raise ValueError(f"batch of {batch_size} exceeds the largest graph ({self.max_bs})")
 
     def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states [B, H] of a decode batch. The result is a view of the graph's static
+        """Hidden states [B, H] (logits [B, V] with `returns_logits`) of a decode batch. The
+        result is a view of the graph's static
         output: consume it (e.g. gather the logits rows) before the next `run`; work queued on
         the same stream is ordered, so the engine's usual flow is safe."""
         if not self.can_run(batch):

@@ -101,7 +101,7 @@ class Engine(StepExecutor):
                                eos_token_ids=mc.eos_token_ids, seed=seed)
         self.builder = PlanBuilder(config.max_slots, self.max_pages_per_seq, self.num_pages,
                                    config.page_size, self.max_model_len, mc.vocab_size,
-                                   self.device)
+                                   self.device, dummy_page=self.pool.dummy_page)
         self.last_tokens = torch.zeros(config.max_slots, dtype=torch.int64, device=self.device)
         self.graph_runner = self._make_graph_runner()
         self._inflight: deque[_InFlight] = deque()
@@ -141,7 +141,10 @@ class Engine(StepExecutor):
         except ImportError:
             log.info("CUDA graphs: no runner in this build; running eagerly")
             return None
-        return CudaGraphRunner(self.model, self.backend, self.pool, cfg.cuda_graph_max_bs)
+        model = self.model
+        # The LM head runs inside the graph: one launch less per step, and fixed GEMM shapes.
+        return CudaGraphRunner(model, self.backend, self.pool, cfg.cuda_graph_max_bs,
+                               logits=lambda hidden: model.compute_logits(hidden, fp32=False))
 
     # -- StepExecutor -----------------------------------------------------------------------------
 
@@ -219,7 +222,8 @@ class Engine(StepExecutor):
     @torch.inference_mode()
     def run_logits(self, plan: StepPlan) -> torch.Tensor:
         step = self._upload(plan)
-        return self.model.compute_logits(self._forward(step))
+        hidden, _ = self._forward(step, use_graph=False)
+        return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def run_step(self, plan: StepPlan) -> _InFlight:
@@ -231,16 +235,21 @@ class Engine(StepExecutor):
                                       r.num_prompt_tokens or None)
             if r.input_ids:
                 self.sampler.observe_inputs(r.slot, r.input_ids, r.cache_len)
-        step = self._upload(plan)
+        step = self._upload(plan, pad_for_graph=True)
         rids = step.sample_rids
         if not plan.reqs:
             return _InFlight(plan.step_id, [], None, None, None, None, False, None, started, 0.0)
-        hidden = self._forward(step)
+        out, is_logits = self._forward(step)
         tokens = logprobs = top_ids = top_lp = None
         want = False
         if rids:
             # The activation dtype: the sampler reads it directly on its fast paths.
-            logits = self.model.compute_logits(hidden[step.batch.sample_indices], fp32=False)
+            if not is_logits:
+                logits = self.model.compute_logits(out[step.batch.sample_indices], fp32=False)
+            elif len(rids) == len(plan.reqs):  # every row samples: the leading rows, no copy
+                logits = out[: len(rids)]
+            else:
+                logits = out[step.batch.sample_indices]
             out = self.sampler.sample(logits, step.sample_slots, step.sample_positions,
                                       host_slots=step.sample_slots_host)
             self.last_tokens[step.sample_slots] = out.token_ids
@@ -255,9 +264,12 @@ class Engine(StepExecutor):
         return _InFlight(plan.step_id, rids, tokens, logprobs, top_ids, top_lp, want, done,
                          started, host_ms)
 
-    def _upload(self, plan: StepPlan) -> DeviceStep:
-        """Host mirrors -> device: the step's metadata, page-table writes, decode inputs."""
-        step, _ = self.builder.build(plan)
+    def _upload(self, plan: StepPlan, pad_for_graph: bool = False) -> DeviceStep:
+        """Host mirrors -> device: the step's metadata, page-table writes, decode inputs. With
+        `pad_for_graph` a decode batch comes padded to its CUDA graph's size (logits callers
+        want exactly one row per input token, so they do not pad)."""
+        runner = self.graph_runner if pad_for_graph else None
+        step, _ = self.builder.build(plan, runner.padded_size if runner is not None else None)
         w = step.page_writes
         if w.shape[1]:
             self.pool.page_table[w[0], w[1]] = w[2].int()
@@ -265,13 +277,16 @@ class Engine(StepExecutor):
             step.input_ids[step.decode_index] = self.last_tokens[step.decode_slots]
         return step
 
-    def _forward(self, step: DeviceStep) -> torch.Tensor:
+    def _forward(self, step: DeviceStep, use_graph: bool = True) -> tuple[torch.Tensor, bool]:
+        """The step's hidden states [T, H], or (second item True) the logits of every row when
+        a CUDA graph that computes them ran."""
         batch = step.batch
         runner = self.graph_runner
-        if runner is not None and runner.can_run(batch):  # type: ignore[attr-defined]
-            return runner.run(step.input_ids, batch)  # type: ignore[attr-defined]
+        if use_graph and runner is not None and runner.can_run(batch):  # type: ignore[attr-defined]
+            out = runner.run(step.input_ids, batch)  # type: ignore[attr-defined]
+            return out, bool(runner.returns_logits)  # type: ignore[attr-defined]
         self.backend.prepare(batch)
-        return self.model(step.input_ids, batch.positions, self.backend)
+        return self.model(step.input_ids, batch.positions, self.backend), False
 
     def _to_host(self, x: torch.Tensor | None) -> torch.Tensor | None:
         if x is None or self.device.type != "cuda":

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from minisgl_core.sampling import SamplingParams
 
@@ -68,6 +69,10 @@ class Sampler:
         self._hi = torch.zeros(max_slots, 5, dtype=torch.int64)
         self._h_stop = torch.full((max_slots, 1), -1, dtype=torch.int64)
         self._h_out_len = torch.zeros(max_slots, dtype=torch.int64)
+        self._n_out_len_view = self._h_out_len.numpy()
+        # numpy views of the same memory: the per-step plan reads them without torch's per-op
+        # overhead (a dozen small CPU tensor ops cost more than the draw's launch).
+        self._nf, self._ni = self._hf.numpy(), self._hi.numpy()
         self._df = self._hf.to(self.device)
         self._di = self._hi.to(self.device)
         self._d_stop = self._h_stop.to(self.device)
@@ -200,8 +205,11 @@ class Sampler:
             raise ValueError(f"logits must be [B, {self.vocab_size}], got {tuple(logits.shape)}")
         if not logits.dtype.is_floating_point:
             raise ValueError(f"logits must be floating point, got {logits.dtype}")
-        hs = torch.as_tensor(host_slots if host_slots is not None else slots.cpu(),
-                             dtype=torch.int64).cpu()
+        if host_slots is None:
+            host_slots = slots.cpu()
+        if isinstance(host_slots, torch.Tensor):
+            host_slots = host_slots.numpy()
+        hs = np.asarray(host_slots, dtype=np.int64)
         if hs.shape != (batch,) or slots.shape != (batch,) or positions.shape != (batch,):
             raise ValueError("slots, positions (and host_slots) must be [B]")
         if batch and (int(hs.min()) < 0 or int(hs.max()) >= self.max_slots):
@@ -209,7 +217,7 @@ class Sampler:
         self.flush()
         if batch == 0:
             return SampleOutput(torch.zeros(0, dtype=torch.int64, device=logits.device))
-        plan = _Plan.make(self._hf[hs], self._hi[hs], self._h_out_len[hs], self.vocab_size)
+        plan = _Plan.make(self._nf[hs], self._ni[hs], self._n_out_len_view[hs], self.vocab_size)
         if plan.fused:
             tokens = self._draw_fused(logits, slots, positions, plan)
             self._record(slots, hs, tokens)
@@ -271,9 +279,9 @@ class Sampler:
             self._tok_hash = ops.token_hashes(self.vocab_size, self.device)
         return self._tok_hash
 
-    def _record(self, slots: torch.Tensor, host_slots: torch.Tensor, tokens: torch.Tensor) -> None:
+    def _record(self, slots: torch.Tensor, host_slots: np.ndarray, tokens: torch.Tensor) -> None:
         """Sampled tokens join the penalty state (slots within a batch are distinct)."""
-        self._h_out_len[host_slots] += 1
+        self._n_out_len_view[host_slots] += 1
         self._d_out_len.index_add_(0, slots, torch.ones_like(slots))
         if self._seen is not None:
             self._seen[slots, tokens] = True
@@ -315,10 +323,11 @@ class _Plan:
                     or self.top_p or self.min_p or self.logprobs)
 
     @staticmethod
-    def make(hf: torch.Tensor, hi: torch.Tensor, out_len: torch.Tensor, vocab: int) -> _Plan:
+    def make(hf: np.ndarray, hi: np.ndarray, out_len: np.ndarray, vocab: int) -> _Plan:
+        """From the batch's rows of the host mirrors (numpy)."""
         greedy = (hf[:, _TEMP] <= 0) | (hi[:, _TOP_K] == 1)
         sampled = ~greedy
-        top_k = torch.where(sampled & (hi[:, _TOP_K] > 0), hi[:, _TOP_K], 0)
+        top_k = np.where(sampled & (hi[:, _TOP_K] > 0), hi[:, _TOP_K], 0)
         return _Plan(
             all_greedy=bool(greedy.all()),
             any_greedy=bool(greedy.any()),

@@ -96,6 +96,12 @@ class ForwardBatch:
     max_extend_len: int
     # rows of the hidden states whose logits are computed (last token of each sampled request)
     sample_indices: torch.Tensor  # int64 [S]
+    # Optional, from the engine's PlanBuilder (None: a backend derives them from the above):
+    # host int32 tensors are pinned on CUDA, so uploading them never waits for the stream.
+    qo_indptr_host: torch.Tensor | None = None  # int32 [B+1]
+    kv_indptr_host: torch.Tensor | None = None  # int32 [B+1]: FlashInfer's paged_kv_indptr
+    kv_indices: torch.Tensor | None = None  # int32 [kv_indptr[-1]] on the device
+    kv_last_page_len_host: torch.Tensor | None = None  # int32 [B]
 
     def num_pages_host(self) -> list[int]:
         """Pages each request's KV spans after this step (FlashInfer: diff of paged_kv_indptr)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from .base import AttentionBackend, BackendUnavailable, ForwardBatch
@@ -45,21 +46,41 @@ def _import_flashinfer() -> Any:
     return flashinfer
 
 
+_CUDA: bool | None = None
+
+
 def _pinned(t: torch.Tensor) -> torch.Tensor:
-    """Uploads from pageable memory may wait for the stream (a hidden host sync): pin them."""
-    return t.pin_memory() if torch.cuda.is_available() else t
+    """Uploads from pageable memory wait for the stream (a hidden host sync): pin them."""
+    global _CUDA
+    if _CUDA is None:  # is_available() asks the driver each call: once is enough
+        _CUDA = torch.cuda.is_available()
+    return t.pin_memory() if _CUDA else t
 
 
 def paged_kv_layout(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashInfer's CSR page layout from the host mirrors: kv_indptr [B+1], kv_indices (the used
-    prefix of each page-table row, concatenated), kv_last_page_len [B]; int32, pinned CPU."""
-    num_pages = torch.tensor(batch.num_pages_host(), dtype=torch.int32)
-    indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32)
-    torch.cumsum(num_pages, 0, out=indptr[1:])
-    cols = torch.arange(batch.page_table_host.shape[1])
-    indices = batch.page_table_host[cols[None, :] < num_pages[:, None]]
-    last = torch.tensor(batch.last_page_len_host(), dtype=torch.int32)
-    return _pinned(indptr), _pinned(indices.to(torch.int32)), _pinned(last)
+    prefix of each page-table row, concatenated), kv_last_page_len [B]; int32, pinned CPU.
+    The engine's PlanBuilder ships these ready-made (`batch.kv_indptr_host`, ...); this is for
+    batches built elsewhere (tests, the graph runner's own padding)."""
+    seq = np.asarray(batch.seq_lens_host, dtype=np.int64)
+    num_pages = -(-seq // batch.page_size)
+    indptr = np.zeros(batch.batch_size + 1, dtype=np.int32)
+    np.cumsum(num_pages, out=indptr[1:])
+    table = batch.page_table_host.numpy()
+    indices = table[np.arange(table.shape[1])[None, :] < num_pages[:, None]].astype(np.int32)
+    last = ((seq - 1) % batch.page_size + 1).astype(np.int32)
+    return (_pinned(torch.from_numpy(indptr)), _pinned(torch.from_numpy(indices)),
+            _pinned(torch.from_numpy(last)))
+
+
+def _layout(batch: ForwardBatch, device: torch.device
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(kv_indptr host, kv_indices on the device, kv_last_page_len host) for plan()."""
+    if (batch.kv_indptr_host is not None and batch.kv_indices is not None
+            and batch.kv_last_page_len_host is not None):
+        return batch.kv_indptr_host, batch.kv_indices, batch.kv_last_page_len_host
+    indptr, indices, last = paged_kv_layout(batch)
+    return indptr, indices.to(device, non_blocking=True), last
 
 
 class FlashInferBackend(AttentionBackend):
@@ -132,8 +153,8 @@ class FlashInferBackend(AttentionBackend):
 
     def _plan_decode(self, wrapper: Any, batch: ForwardBatch) -> None:
         c = self.config
-        indptr, indices, last = paged_kv_layout(batch)
-        wrapper.plan(indptr, indices.to(c.device, non_blocking=True), last, c.num_qo_heads,
+        indptr, indices, last = _layout(batch, c.device)
+        wrapper.plan(indptr, indices, last, c.num_qo_heads,
                      c.num_kv_heads, c.head_dim, c.page_size, q_data_type=c.dtype,
                      kv_data_type=c.dtype, sm_scale=c.scale, **self._plan_extra(batch))
 
@@ -144,14 +165,16 @@ class FlashInferBackend(AttentionBackend):
             self._plan_decode(self._decode, batch)
             self._active = self._decode
             return
-        indptr, indices, last = paged_kv_layout(batch)
-        qo_indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32)
-        torch.cumsum(torch.tensor(batch.extend_lens_host, dtype=torch.int32), 0,
-                     out=qo_indptr[1:])
-        qo_indptr = _pinned(qo_indptr)
+        indptr, indices, last = _layout(batch, c.device)
+        qo_indptr = batch.qo_indptr_host
+        if qo_indptr is None:
+            qo_indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32)
+            torch.cumsum(torch.tensor(batch.extend_lens_host, dtype=torch.int32), 0,
+                         out=qo_indptr[1:])
+            qo_indptr = _pinned(qo_indptr)
         # causal=True aligns each request's queries to the end of its KV: new token i sees the
         # cached prefix and new tokens up to itself, which is the extend semantics.
-        self._prefill.plan(qo_indptr, indptr, indices.to(c.device, non_blocking=True), last,
+        self._prefill.plan(qo_indptr, indptr, indices, last,
                            c.num_qo_heads, c.num_kv_heads, c.head_dim, c.page_size,
                            causal=True, sm_scale=c.scale, q_data_type=c.dtype,
                            kv_data_type=c.dtype, **self._plan_extra(batch))
