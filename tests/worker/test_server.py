@@ -87,6 +87,76 @@ def test_bad_step_answered_with_error_and_stream_lives(served: tuple[Engine, str
         assert info.attention_backend == "torch" and info.max_slots == 4
 
 
+def test_columnar_decodes_round_trip() -> None:
+    """Leading plain decodes travel as packed columns, everything else as RequestPlans, and
+    the worker rebuilds the same plan in the same order."""
+    from minisgl_core.convert import plan_from_proto, plan_to_proto
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.step import ReqPlan, StepPlan
+
+    plan = StepPlan(9, [
+        ReqPlan(1, 0, 7), ReqPlan(2, 3, 15, [], 3, [40]), ReqPlan(3, 1, 4, [], 1, [5, 6]),
+        ReqPlan(4, 2, 0, [11, 12], 0, [8], sampling=SamplingParams(temperature=0.0)),
+        ReqPlan(5, 5, 9),  # a decode after a prefill keeps its place: a RequestPlan
+    ])
+    msg = plan_to_proto(plan, columnar=True)
+    assert list(msg.decodes.rids) == [1, 2, 3] and list(msg.decodes.new_pages) == [40, 5, 6]
+    assert [m.rid for m in msg.requests] == [4, 5]
+    back = plan_from_proto(worker_pb2.StepRequest.FromString(msg.SerializeToString()))
+    assert [(r.rid, r.slot, r.cache_len, r.input_ids, r.page_offset, r.new_pages, r.sample)
+            for r in back.reqs] == [(r.rid, r.slot, r.cache_len, r.input_ids, r.page_offset,
+                                     r.new_pages, r.sample) for r in plan.reqs]
+    assert back.reqs[3].sampling is not None and back.reqs[3].sampling.temperature == 0.0
+    assert not plan_to_proto(plan).HasField("decodes")  # a worker without the flag
+
+
+def test_malformed_columnar_decodes_answered_with_error(served: tuple[Engine, str]) -> None:
+    _, target = served
+    with channel(target) as ch:
+        stub = worker_pb2_grpc.WorkerStub(ch)
+        assert stub.GetWorkerInfo(worker_pb2.GetWorkerInfoRequest()).columnar_decodes
+        outbox, responses = _stream(stub)
+        outbox.put(worker_pb2.StepRequest(step_id=1, decodes=worker_pb2.DecodeEntries(
+            rids=[1, 2], slots=[0], cache_lens=[3, 3], page_offsets=[0, 0],
+            new_page_counts=[0, 0])))
+        outbox.put(worker_pb2.StepRequest(step_id=2, decodes=worker_pb2.DecodeEntries(
+            rids=[1], slots=[0], cache_lens=[3], page_offsets=[0], new_page_counts=[2],
+            new_pages=[1])))
+        answers = [next(responses) for _ in range(2)]
+        outbox.put(None)
+        for a in answers:
+            assert a.error.code == common_pb2.ERROR_CODE_INVALID_ARGUMENT
+            assert "decodes" in a.error.message
+        assert list(responses) == []
+
+
+def test_client_sends_request_plans_to_a_worker_without_columns(served: tuple[Engine, str],
+                                                                monkeypatch) -> None:  # noqa: ANN001
+    """An older worker does not report columnar_decodes: the client must not use them."""
+    from minisgl_core import convert
+    from minisgl_scheduler import worker_client
+    from minisgl_scheduler.worker_client import WorkerClient
+
+    engine, target = served
+    expected = run_requests(engine, PROMPTS, 4, PAGE, chunk=5, starts=[0, 1, 3])
+    sent = []
+    original = convert.plan_to_proto
+
+    def spy(plan, columnar=False):  # noqa: ANN001, ANN202
+        msg = original(plan, columnar)
+        sent.append(msg.HasField("decodes"))
+        return msg
+
+    monkeypatch.setattr(worker_client, "plan_to_proto", spy)
+    client = WorkerClient(target, connect_timeout=10)
+    try:
+        client._info.columnar_decodes = False
+        got = run_requests(client, PROMPTS, 4, PAGE, chunk=5, starts=[0, 1, 3])
+    finally:
+        client.close()
+    assert got == expected and sent and not any(sent)
+
+
 def test_worker_process(tiny_model, tmp_path) -> None:  # noqa: ANN001
     from minisgl.launcher import free_port
 

@@ -88,6 +88,8 @@ class WorkerInfo:
     tp_size: int = 1
     device: str = "cpu"
     attention_backend: str = "torch"
+    # The worker reads columnar decode entries (StepRequest.decodes); set by the proto layer.
+    columnar_decodes: bool = False
 
 
 class StepExecutor:

@@ -44,6 +44,15 @@ class _Launched:
     plan: StepPlan
     reqs: list[Request] = field(default_factory=list)  # aligned with plan.reqs
     sampled: list[Request] = field(default_factory=list)  # entries with sample=True, in order
+    # Decode entries while planning; `seal` puts them first, the worker's columnar layout.
+    decode_plans: list[ReqPlan] = field(default_factory=list)
+    decode_reqs: list[Request] = field(default_factory=list)
+
+    def seal(self) -> None:
+        if self.decode_reqs:
+            self.plan.reqs[:0] = self.decode_plans
+            self.reqs[:0] = self.decode_reqs
+            self.sampled[:0] = self.decode_reqs  # every decode entry samples
 
 
 class Scheduler:
@@ -166,6 +175,7 @@ class Scheduler:
                 elif self._grow(req, req.computed + 1) and req.can_decode:
                     self._add_decode(step, req)
         self._admit(step, budget)
+        step.seal()
         return step
 
     def _fit_chunk(self, req: Request, budget: int) -> int:
@@ -264,10 +274,9 @@ class Scheduler:
     def _add_decode(self, step: _Launched, req: Request) -> None:
         """`_add(step, req, [])` for a decoding request, without the prefill-only fields."""
         sent = req.sent_pages
-        entry = ReqPlan(req.rid, req.slot, req.computed, [], sent, req.pages[sent:])
-        step.plan.reqs.append(entry)
-        step.reqs.append(req)
-        step.sampled.append(req)
+        step.decode_plans.append(ReqPlan(req.rid, req.slot, req.computed, [], sent,
+                                         req.pages[sent:]))
+        step.decode_reqs.append(req)
         req.sent_pages = len(req.pages)
         req.computed += 1
         req.inflight += 1

@@ -30,13 +30,31 @@ class RequestPlan(_message.Message):
     num_prompt_tokens: int
     def __init__(self, rid: _Optional[int] = ..., slot: _Optional[int] = ..., cache_len: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., page_offset: _Optional[int] = ..., new_pages: _Optional[_Iterable[int]] = ..., sample: bool = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ...) -> None: ...
 
+class DecodeEntries(_message.Message):
+    __slots__ = ("rids", "slots", "cache_lens", "page_offsets", "new_page_counts", "new_pages")
+    RIDS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_LENS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    NEW_PAGE_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    NEW_PAGES_FIELD_NUMBER: _ClassVar[int]
+    rids: _containers.RepeatedScalarFieldContainer[int]
+    slots: _containers.RepeatedScalarFieldContainer[int]
+    cache_lens: _containers.RepeatedScalarFieldContainer[int]
+    page_offsets: _containers.RepeatedScalarFieldContainer[int]
+    new_page_counts: _containers.RepeatedScalarFieldContainer[int]
+    new_pages: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, rids: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., cache_lens: _Optional[_Iterable[int]] = ..., page_offsets: _Optional[_Iterable[int]] = ..., new_page_counts: _Optional[_Iterable[int]] = ..., new_pages: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class StepRequest(_message.Message):
-    __slots__ = ("step_id", "requests")
+    __slots__ = ("step_id", "requests", "decodes")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    DECODES_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     requests: _containers.RepeatedCompositeFieldContainer[RequestPlan]
-    def __init__(self, step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestPlan, _Mapping]]] = ...) -> None: ...
+    decodes: DecodeEntries
+    def __init__(self, step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestPlan, _Mapping]]] = ..., decodes: _Optional[_Union[DecodeEntries, _Mapping]] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("step_id", "rids", "token_ids", "logprobs", "top_logprobs", "forward_ms", "error")
@@ -61,7 +79,7 @@ class GetWorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetWorkerInfoResponse(_message.Message):
-    __slots__ = ("model_name", "num_pages", "page_size", "max_model_len", "max_slots", "vocab_size", "eos_token_ids", "tp_size", "device", "attention_backend")
+    __slots__ = ("model_name", "num_pages", "page_size", "max_model_len", "max_slots", "vocab_size", "eos_token_ids", "tp_size", "device", "attention_backend", "columnar_decodes")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +90,7 @@ class GetWorkerInfoResponse(_message.Message):
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    COLUMNAR_DECODES_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     num_pages: int
     page_size: int
@@ -82,4 +101,5 @@ class GetWorkerInfoResponse(_message.Message):
     tp_size: int
     device: str
     attention_backend: str
-    def __init__(self, model_name: _Optional[str] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., max_slots: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tp_size: _Optional[int] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ...) -> None: ...
+    columnar_decodes: bool
+    def __init__(self, model_name: _Optional[str] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., max_slots: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tp_size: _Optional[int] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., columnar_decodes: bool = ...) -> None: ...
