@@ -245,14 +245,19 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             self.metrics.generation_tokens.inc(len(ev.token_ids))
         if ev.token_ids:
             owner.last_token = now
-        update = scheduler_pb2.TokenUpdate(
-            rid=owner.client_rid, token_ids=ev.token_ids, logprobs=ev.logprobs,
-            top_logprobs=[common_pb2.TopLogprobs(token_ids=t.token_ids, logprobs=t.logprobs)
-                          for t in ev.top_logprobs],
-            finish_reason=FINISH_TO_PROTO[ev.finish_reason],
-            error=error_to_proto(ev.error), prompt_tokens=ev.prompt_tokens,
-            cached_tokens=ev.cached_tokens,
-        )
+        # Only the fields this update has: the common one (a token, nothing else) is built
+        # with two fields set, about half the cost of passing every field, 256 times a step.
+        update = scheduler_pb2.TokenUpdate(rid=owner.client_rid, token_ids=ev.token_ids,
+                                           prompt_tokens=ev.prompt_tokens,
+                                           cached_tokens=ev.cached_tokens)
+        if ev.logprobs:
+            update.logprobs.extend(ev.logprobs)
+            for t in ev.top_logprobs:
+                update.top_logprobs.add(token_ids=t.token_ids, logprobs=t.logprobs)
+        if ev.finish_reason is not None:
+            update.finish_reason = FINISH_TO_PROTO[ev.finish_reason]
+            if ev.error is not None:
+                update.error.CopyFrom(error_to_proto(ev.error))
         out[owner.conn].append(update)
         if ev.finish_reason is not None:
             del self._owners[ev.rid]
