@@ -16,9 +16,23 @@ class ModelShape:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    weight_bytes: int  # all weights read per decode step (active experts only for MoE)
+    weight_bytes: int  # weights read per decode step of one request (active experts for MoE)
     active_params: int
     dtype_bytes: int = 2
+    # MoE: a batch reads every expert some request routed to, not just k of them.
+    num_experts: int = 0
+    experts_per_tok: int = 0
+    expert_bytes: int = 0  # one expert's weights, all layers (this rank's share)
+
+    def step_weight_bytes(self, batch: int) -> float:
+        """Weights one decode step of `batch` requests reads. MoE: the expected number of
+        distinct experts hit when each request picks k of E uniformly, E(1 - (1 - k/E)^B);
+        at batch 256 with k=8 of 128 that is all of them."""
+        if not self.num_experts or batch <= 1:
+            return self.weight_bytes
+        e, k = self.num_experts, self.experts_per_tok
+        touched = e * (1 - (1 - k / e) ** batch)
+        return self.weight_bytes + (touched - k) * self.expert_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -33,16 +47,19 @@ class ModelShape:
         head_dim = cfg.get("head_dim") or h // heads
         vocab = cfg["vocab_size"]
         attn = h * head_dim * (heads + 2 * kv_heads) + heads * head_dim * h
+        moe: dict[str, int] = {}
         if "num_experts" in cfg:  # MoE: only routed experts' weights are read per token
             inter = cfg["moe_intermediate_size"]
             mlp_active = 3 * h * inter * cfg["num_experts_per_tok"] + h * cfg["num_experts"]
+            moe = dict(num_experts=cfg["num_experts"], experts_per_tok=cfg["num_experts_per_tok"],
+                       expert_bytes=layers * 3 * h * inter * dtype_bytes // tp_size)
         else:
             mlp_active = 3 * h * cfg["intermediate_size"]
         embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
         active = layers * (attn + mlp_active) + embed
         return cls(num_layers=layers, num_kv_heads=max(1, kv_heads // tp_size),
                    head_dim=head_dim, weight_bytes=active * dtype_bytes // tp_size,
-                   active_params=active // tp_size, dtype_bytes=dtype_bytes)
+                   active_params=active // tp_size, dtype_bytes=dtype_bytes, **moe)
 
 
 def roofline_seconds(shape: ModelShape, prompt_lens: list[int], output_lens: list[int],
@@ -53,7 +70,9 @@ def roofline_seconds(shape: ModelShape, prompt_lens: list[int], output_lens: lis
         # decode token i (1..o-1) reads p + i cached tokens; the first token comes from prefill
         kv_bytes += shape.kv_bytes_per_token * sum(p + i for i in range(1, o))
     steps = max(output_lens)
-    weight_bytes = steps * shape.weight_bytes
+    # Step i decodes every request with more than i outputs to make.
+    weight_bytes = sum(shape.step_weight_bytes(sum(1 for o in output_lens if o > i))
+                       for i in range(steps))
     prefill_flops = 2 * shape.active_params * sum(prompt_lens)
     parts = {
         "kv_s": kv_bytes / hbm_bytes_per_s,
