@@ -1,11 +1,15 @@
-"""What `Scheduler.submit` refuses before a request is queued, with messages for the client."""
+"""Admission: what `Scheduler.submit` refuses before a request is queued (with messages for the
+client), and the order and memory reserve the planner admits waiting requests by."""
 
 from __future__ import annotations
 
 from minisgl_core.sampling import InvalidParams, SamplingParams
 from minisgl_core.step import WorkerInfo
 
+from minisgl_scheduler.config import SchedulerConfig
 from minisgl_scheduler.errors import ContextLengthExceeded, InvalidRequest
+from minisgl_scheduler.radix import RadixCache
+from minisgl_scheduler.request import Request
 
 
 def check_request(info: WorkerInfo, input_ids: list[int], params: SamplingParams) -> None:
@@ -31,3 +35,20 @@ def check_request(info: WorkerInfo, input_ids: list[int], params: SamplingParams
         params.validate()
     except InvalidParams as exc:
         raise InvalidRequest(str(exc)) from None
+
+
+def waiting_order(waiting: list[Request], cache: RadixCache | None,
+                  config: SchedulerConfig) -> list[Request]:
+    """Arrival order, or with policy "lpm" (and a usable cache, a short enough queue) the
+    longest cached prefix first."""
+    if config.policy == "lpm" and cache is not None and len(waiting) <= config.lpm_max_queue:
+        hits = {id(r): cache.match(r.tokens[: r.target - 1]).num_pages for r in waiting}
+        return sorted(waiting, key=lambda r: (-hits[id(r)], r.arrival))
+    return list(waiting)
+
+
+def reserve_pages(r: Request, page_size: int, decode_reserve_ratio: float) -> int:
+    """Pages kept back for a running request: the rest of its prefill, a share of decode."""
+    left = r.max_tokens - r.num_outputs - r.pending_samples
+    future = (r.target - r.computed) + int(left * decode_reserve_ratio)
+    return max(0, -(-(r.computed + future) // page_size) - len(r.pages))

@@ -18,12 +18,11 @@ import bisect
 import heapq
 import logging
 from collections import deque
-from dataclasses import dataclass, field
 
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import ReqPlan, StepExecutor, StepOutput, StepPlan
 
-from minisgl_scheduler.admission import check_request
+from minisgl_scheduler.admission import check_request, reserve_pages, waiting_order
 from minisgl_scheduler.config import SchedulerConfig
 from minisgl_scheduler.errors import (
     ErrorCode,
@@ -33,26 +32,11 @@ from minisgl_scheduler.errors import (
     WorkerFailed,
 )
 from minisgl_scheduler.kv import KVManager, pages_for
+from minisgl_scheduler.launched import LaunchedStep, check_output
 from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent
 from minisgl_scheduler.stats import SchedulerStats
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Launched:
-    plan: StepPlan
-    reqs: list[Request] = field(default_factory=list)  # aligned with plan.reqs
-    sampled: list[Request] = field(default_factory=list)  # entries with sample=True, in order
-    # Decode entries while planning; `seal` puts them first, the worker's columnar layout.
-    decode_plans: list[ReqPlan] = field(default_factory=list)
-    decode_reqs: list[Request] = field(default_factory=list)
-
-    def seal(self) -> None:
-        if self.decode_reqs:
-            self.plan.reqs[:0] = self.decode_plans
-            self.reqs[:0] = self.decode_reqs
-            self.sampled[:0] = self.decode_reqs  # every decode entry samples
 
 
 class Scheduler:
@@ -70,7 +54,7 @@ class Scheduler:
         self.waiting: list[Request] = []  # sorted by arrival
         self.running: list[Request] = []  # sorted by arrival
         self._zombies: set[Request] = set()  # ended, pages held until their steps are collected
-        self.inflight: deque[_Launched] = deque()
+        self.inflight: deque[LaunchedStep] = deque()
         self._events: dict[Request, TokenEvent] = {}
         self._arrivals = 0
         self._next_step = 1
@@ -157,8 +141,8 @@ class Scheduler:
 
     # -- planning ------------------------------------------------------------------------------
 
-    def _plan(self) -> _Launched:
-        step = _Launched(StepPlan(self._next_step))
+    def _plan(self) -> LaunchedStep:
+        step = LaunchedStep(StepPlan(self._next_step))
         budget = self.config.max_prefill_tokens
         ps = self.page_size
         for req in list(self.running):  # oldest first: they win when memory is short
@@ -214,13 +198,15 @@ class Scheduler:
                 return False
         return True
 
-    def _admit(self, step: _Launched, budget: int) -> None:
+    def _admit(self, step: LaunchedStep, budget: int) -> None:
         """Move waiting requests into slots while budget, slots and memory allow."""
         if not self.waiting:
             return
         ready_before = step.plan.step_id
-        reserve = sum(self._reserve_for(r) for r in self.running)
-        for req in self._waiting_order():
+        ps, ratio = self.page_size, self.config.decode_reserve_ratio
+        reserve = sum(reserve_pages(r, ps, ratio) for r in self.running)
+        cache = None if self._poisoned else self.kv.cache
+        for req in waiting_order(self.waiting, cache, self.config):
             if budget <= 0 or len(self.running) >= self.max_running or not self._free_slots:
                 return
             use_cache = not self._poisoned
@@ -248,30 +234,16 @@ class Scheduler:
             self._counters["query"] += req.target
             self._add_prefill(step, req, n, start=True)
             budget -= n
-            reserve += self._reserve_for(req)
+            reserve += reserve_pages(req, ps, ratio)
 
-    def _waiting_order(self) -> list[Request]:
-        if (self.config.policy == "lpm" and self.kv.cache is not None
-                and len(self.waiting) <= self.config.lpm_max_queue and not self._poisoned):
-            cache = self.kv.cache
-            hits = {id(r): cache.match(r.tokens[: r.target - 1]).num_pages for r in self.waiting}
-            return sorted(self.waiting, key=lambda r: (-hits[id(r)], r.arrival))
-        return list(self.waiting)
-
-    def _reserve_for(self, r: Request) -> int:
-        """Pages kept back for a running request: the rest of its prefill, a share of decode."""
-        left = r.max_tokens - r.num_outputs - r.pending_samples
-        future = (r.target - r.computed) + int(left * self.config.decode_reserve_ratio)
-        return max(0, pages_for(r.computed + future, self.page_size) - len(r.pages))
-
-    def _add_prefill(self, step: _Launched, req: Request, n: int, start: bool = False) -> None:
+    def _add_prefill(self, step: LaunchedStep, req: Request, n: int, start: bool = False) -> None:
         begin = req.computed
         self._add(step, req, req.tokens[begin : begin + n], start=start)
         self._counters["prefill"] += n
         if not self._poisoned:
             self.kv.cache_prefix(req, req.computed, step.plan.step_id)
 
-    def _add_decode(self, step: _Launched, req: Request) -> None:
+    def _add_decode(self, step: LaunchedStep, req: Request) -> None:
         """`_add(step, req, [])` for a decoding request, without the prefill-only fields."""
         sent = req.sent_pages
         step.decode_plans.append(ReqPlan(req.rid, req.slot, req.computed, [], sent,
@@ -283,7 +255,7 @@ class Scheduler:
         req.pending_samples += 1
         self._counters["decode"] += 1
 
-    def _add(self, step: _Launched, req: Request, input_ids: list[int], start: bool = False) -> None:
+    def _add(self, step: LaunchedStep, req: Request, input_ids: list[int], start: bool = False) -> None:
         params = req.params
         sample = not input_ids or req.computed + len(input_ids) == req.target
         entry = ReqPlan(
@@ -307,7 +279,7 @@ class Scheduler:
 
     # -- execution -----------------------------------------------------------------------------
 
-    def _launch(self, step: _Launched) -> None:
+    def _launch(self, step: LaunchedStep) -> None:
         self._next_step += 1
         self._counters["steps"] += 1
         self.inflight.append(step)
@@ -325,7 +297,7 @@ class Scheduler:
         step = self.inflight.popleft()
         try:
             out = self.executor.collect()
-            _check_output(step, out)
+            check_output(step, out)
         except Exception as exc:
             self._fail_step(step, exc)
             return
@@ -361,7 +333,7 @@ class Scheduler:
         elif n >= req.max_tokens:
             self._finish(req, FinishReason.LENGTH)
 
-    def _fail_step(self, step: _Launched, exc: Exception) -> None:
+    def _fail_step(self, step: LaunchedStep, exc: Exception) -> None:
         """A failed step leaves the worker's slots and KV suspect: fail everything running."""
         log.error("step %d failed: %s", step.plan.step_id, exc)
         error = exc if isinstance(exc, SchedulerError) else WorkerFailed(f"the worker failed: {exc}")
@@ -439,10 +411,3 @@ class Scheduler:
         self._counters["preempt"] += 1
         bisect.insort(self.waiting, req, key=lambda r: r.arrival)
         log.debug("preempted request %d after %d outputs", req.rid, req.num_outputs)
-
-
-def _check_output(step: _Launched, out: StepOutput) -> None:
-    if out.step_id != step.plan.step_id:
-        raise SchedulerError(f"worker answered step {out.step_id}, expected {step.plan.step_id}")
-    if list(out.rids) != [r.rid for r in step.sampled] or len(out.token_ids) != len(out.rids):
-        raise SchedulerError(f"worker output for step {out.step_id} does not match its plan")
