@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from minisgl_core.proto.minisgl.v1 import detokenizer_pb2
 from minisgl_tokenizer import Detokenizer, DetokenizeUpdate, StopConditions
 from tokenizers import Tokenizer
 
@@ -81,6 +82,8 @@ def test_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, skip: bool, spa
                                            data: st.DataObject) -> None:
     special = special_text(tokenizer)
     all_ids, all_cuts = data.draw(streams(tokenizer))
+    # The service hands the decoder protobuf repeated fields, not lists (a faster path inside).
+    as_proto = data.draw(st.booleans())
     detok = Detokenizer(tokenizer, special)
     stop = StopConditions(skip_special_tokens=skip, spaces_between_special_tokens=spaces)
     texts = [""] * len(all_ids)
@@ -93,6 +96,8 @@ def test_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, skip: bool, spa
                 continue
             new = ids[positions[rid]:positions[rid] + cuts[step]] if step < len(cuts) else []
             positions[rid] += len(new)
+            if as_proto:
+                new = detokenizer_pb2.DetokenizeUpdate(token_ids=new).token_ids
             updates.append(DetokenizeUpdate(rid, new, stop if step == 0 else None,
                                             finished=step == len(cuts)))
         deltas = detok.step(updates)

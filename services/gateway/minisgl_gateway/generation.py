@@ -4,10 +4,10 @@ chunks; both call `close()` when they are done, which aborts whatever is still r
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from minisgl_core.logging import log_fields
@@ -16,7 +16,7 @@ from minisgl_core.proto.minisgl.v1 import common_pb2
 from minisgl_gateway import metrics
 from minisgl_gateway.core import Gateway
 from minisgl_gateway.job import Job, check_job, choice_seed, resolve_max_tokens
-from minisgl_gateway.sequence import Sequence, StepEvent
+from minisgl_gateway.sequence import EventSink, Sequence, StepEvent
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class ChoiceChunk:
 
     index: int
     text: str = ""
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: Seq[int] = field(default_factory=list)  # maybe the scheduler message's field
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length"
     matched_stop: str = ""
@@ -61,7 +61,9 @@ class Generation:
         self.gateway = gateway
         self.job = job
         self.arrival = time.monotonic()
-        self._queue: asyncio.Queue[StepEvent] = asyncio.Queue()
+        self._sink = EventSink()
+        self._num_choices = job.num_choices
+        self._want_logprobs = job.sampling.logprobs
         self._seqs: list[Sequence] = []
         self._prompt_lens: list[int] = []
         self._completion = [0] * job.num_choices
@@ -73,7 +75,7 @@ class Generation:
 
     @property
     def num_choices(self) -> int:
-        return self.job.num_choices
+        return self._num_choices
 
     async def start(self) -> None:
         """Checks, tokenizes and submits; raises ApiError when the request cannot run."""
@@ -91,30 +93,37 @@ class Generation:
                 if job.sampling.HasField("seed"):
                     sampling.seed = choice_seed(job.sampling.seed, j)
                 self._seqs.append(gw.pipeline.submit(ids, sampling, job.stop, p * job.n + j,
-                                                     self._queue))
+                                                     self._sink))
 
     async def chunks(self) -> AsyncIterator[list[ChoiceChunk]]:
         """Chunks as they come, several choices per item; raises ApiError if a choice fails."""
-        while self._finished < self.num_choices:
-            events = [await self._queue.get()]
-            while not self._queue.empty():
-                events.append(self._queue.get_nowait())
+        take = self._sink.take
+        while self._finished < self._num_choices:
+            events = await take()
             for event in events:
                 if event.error is not None:
                     self.close()
                     raise event.error
-            yield await self._merge(events)
+            strings: dict[int, str] = {}
+            if self._want_logprobs:
+                ids = [t for e in events for t in e.token_ids]
+                ids += [t for e in events for top in e.top_logprobs for t in top.token_ids]
+                strings = await self.gateway.token_strings(ids)
+            yield self._merge(events, strings)
 
     async def collect(self) -> list[ChoiceChunk]:
         """The whole answer: one chunk per choice."""
         whole = [ChoiceChunk(index=i) for i in range(self.num_choices)]
+        ids: list[list[int]] = [[] for _ in whole]
         async for chunks in self.chunks():
             for c in chunks:
                 w = whole[c.index]
                 w.text += c.text
-                w.token_ids += c.token_ids
+                ids[c.index] += c.token_ids
                 w.logprobs += c.logprobs
                 w.finish_reason, w.matched_stop = c.finish_reason, c.matched_stop
+        for w, token_ids in zip(whole, ids, strict=True):
+            w.token_ids = token_ids
         return whole
 
     def usage(self) -> Usage:
@@ -140,34 +149,53 @@ class Generation:
             prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
             cached_tokens=usage.cached_tokens, seconds=round(time.monotonic() - self.arrival, 4)))
 
-    async def _merge(self, events: list[StepEvent]) -> list[ChoiceChunk]:
+    def _merge(self, events: list[StepEvent], strings: dict[int, str]) -> list[ChoiceChunk]:
+        """One chunk per choice out of a batch of events (`strings`: logprob token texts)."""
         now = time.monotonic()
-        strings: dict[int, str] = {}
-        if self.job.sampling.logprobs:
-            ids = [t for e in events for t in e.token_ids]
-            ids += [t for e in events for top in e.top_logprobs for t in top.token_ids]
-            strings = await self.gateway.token_strings(ids)
+        if len(events) == 1:  # the usual case: the event's fields become the chunk's as they are
+            e = events[0]
+            chunk = ChoiceChunk(e.index, e.text, e.token_ids)
+            self._account(chunk, e, strings, now)
+            return [chunk]
         by_index: dict[int, ChoiceChunk] = {}
+        grown: dict[int, list[int]] = {}  # token ids of choices with several events, copied once
         for e in events:
-            chunk = by_index.setdefault(e.index, ChoiceChunk(index=e.index))
-            chunk.text += e.text
-            chunk.token_ids += e.token_ids
-            if self.job.sampling.logprobs:
-                chunk.logprobs += self._logprobs(e, strings)
-            if e.finish_reason is not None:
-                chunk.finish_reason, chunk.matched_stop = e.finish_reason, e.matched_stop
-                self._finished += 1
-            self._completion[e.index] += len(e.token_ids)
-            self._cached[e.index] = max(self._cached[e.index], e.cached_tokens)
-            if e.token_ids:
-                if self._first_token_at is None:
-                    self._first_token_at = now
-                    metrics.TTFT.observe(now - self.arrival)
-                last = self._last_token_at[e.index]
-                if last is not None:
-                    metrics.ITL.observe(now - last)
-                self._last_token_at[e.index] = now
+            index = e.index
+            chunk = by_index.get(index)
+            if chunk is None:
+                chunk = by_index[index] = ChoiceChunk(index, e.text, e.token_ids)
+            else:
+                chunk.text += e.text
+                ids = grown.get(index)
+                if ids is None:
+                    ids = grown[index] = list(chunk.token_ids)
+                    chunk.token_ids = ids
+                ids += e.token_ids
+            self._account(chunk, e, strings, now)
         return sorted(by_index.values(), key=lambda c: c.index)
+
+    def _account(self, chunk: ChoiceChunk, e: StepEvent, strings: dict[int, str],
+                 now: float) -> None:
+        """The event's logprobs, finish, token counts and latency metrics (text and ids are
+        already in the chunk)."""
+        index = e.index
+        if self._want_logprobs:
+            chunk.logprobs += self._logprobs(e, strings)
+        if e.finish_reason is not None:
+            chunk.finish_reason, chunk.matched_stop = e.finish_reason, e.matched_stop
+            self._finished += 1
+        num_tokens = len(e.token_ids)
+        self._completion[index] += num_tokens
+        if e.cached_tokens > self._cached[index]:
+            self._cached[index] = e.cached_tokens
+        if num_tokens:
+            if self._first_token_at is None:
+                self._first_token_at = now
+                metrics.TTFT.observe(now - self.arrival)
+            last = self._last_token_at[index]
+            if last is not None:
+                metrics.ITL.observe(now - last)
+            self._last_token_at[index] = now
 
     @staticmethod
     def _logprobs(event: StepEvent, strings: dict[int, str]) -> list[TokenLogprob]:

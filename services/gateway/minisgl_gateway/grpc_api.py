@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -57,15 +58,19 @@ def add_to_server(service: GenerationService, server: grpc.aio.Server) -> None:
     """Like the generated add_GenerationServicer_to_server, with lenient deserializers."""
     gen, chat = generation_pb2.GenerateRequest, generation_pb2.ChatRequest
     out = generation_pb2.GenerateResponse.SerializeToString
+    # The streams are served by `_stream` itself rather than through GenerateStream/ChatStream,
+    # which re-yield every message: one async generator layer less per message. A partial of an
+    # async generator method is still one to grpc (inspect unwraps partials), so it is driven
+    # on the event loop, not in a thread.
     handlers = {
         "Generate": grpc.unary_unary_rpc_method_handler(
             service.Generate, _lenient(gen.FromString), out),
         "GenerateStream": grpc.unary_stream_rpc_method_handler(
-            service.GenerateStream, _lenient(gen.FromString), out),
+            functools.partial(service._stream, "GenerateStream"), _lenient(gen.FromString), out),
         "Chat": grpc.unary_unary_rpc_method_handler(
             service.Chat, _lenient(chat.FromString), out),
         "ChatStream": grpc.unary_stream_rpc_method_handler(
-            service.ChatStream, _lenient(chat.FromString), out),
+            functools.partial(service._stream, "ChatStream"), _lenient(chat.FromString), out),
         "ListModels": grpc.unary_unary_rpc_method_handler(
             service.ListModels, _lenient(generation_pb2.ListModelsRequest.FromString),
             generation_pb2.ListModelsResponse.SerializeToString),
@@ -116,17 +121,23 @@ def chat_job(request: generation_pb2.ChatRequest) -> Job:
                request_id=request.request_id)
 
 
-def _choice(chunk: ChoiceChunk) -> generation_pb2.Choice:
-    choice = generation_pb2.Choice(index=chunk.index, text=chunk.text, token_ids=chunk.token_ids,
-                                   matched_stop=chunk.matched_stop)
+def _fill_choice(choice: generation_pb2.Choice, chunk: ChoiceChunk) -> None:
+    """Fills a Choice in place (`reply.choices.add()`): extending a repeated field with built
+    messages copies each one through its serialized bytes."""
+    choice.index = chunk.index
+    if chunk.text:
+        choice.text = chunk.text
+    if chunk.token_ids:
+        choice.token_ids.extend(chunk.token_ids)
+    if chunk.matched_stop:
+        choice.matched_stop = chunk.matched_stop
     if chunk.finish_reason:
         choice.finish_reason = _FINISH.get(chunk.finish_reason, common_pb2.FINISH_REASON_STOP)
     for t in chunk.logprobs:
-        choice.logprobs.append(generation_pb2.TokenLogprob(
-            token_id=t.token_id, token=t.token, logprob=t.logprob,
-            top_token_ids=[i for i, _, _ in t.top], top_tokens=[s for _, s, _ in t.top],
-            top_logprobs=[p for _, _, p in t.top]))
-    return choice
+        choice.logprobs.add(token_id=t.token_id, token=t.token, logprob=t.logprob,
+                            top_token_ids=[i for i, _, _ in t.top],
+                            top_tokens=[s for _, s, _ in t.top],
+                            top_logprobs=[p for _, _, p in t.top])
 
 
 def _usage(usage: Usage) -> common_pb2.Usage:
@@ -188,7 +199,8 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                 await gen.start()
                 choices = await gen.collect()
                 reply = self._response(job, job.request_id or secrets.token_hex(12))
-                reply.choices.extend(_choice(c) for c in choices)
+                for c in choices:
+                    _fill_choice(reply.choices.add(), c)
                 reply.usage.CopyFrom(_usage(gen.usage()))
         return reply
 
@@ -201,15 +213,19 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                 gen = Generation(self.gateway, job)
                 held.append(gen)
                 await gen.start()
-                finished = 0
+                finished, num_choices = 0, gen.num_choices
+                head = self._response(job, request_id)
                 async for chunks in gen.chunks():
                     chunks = [c for c in chunks if c.text or c.token_ids or c.finish_reason]
-                    finished += sum(1 for c in chunks if c.finish_reason)
                     if not chunks:
                         continue
-                    reply = self._response(job, request_id)
-                    reply.choices.extend(_choice(c) for c in chunks)
-                    if finished == gen.num_choices:  # usage rides on the last message
+                    finished += sum(1 for c in chunks if c.finish_reason)
+                    reply = generation_pb2.GenerateResponse()
+                    reply.CopyFrom(head)
+                    add = reply.choices.add
+                    for c in chunks:
+                        _fill_choice(add(), c)
+                    if finished == num_choices:  # usage rides on the last message
                         reply.usage.CopyFrom(_usage(gen.usage()))
                     yield reply
 

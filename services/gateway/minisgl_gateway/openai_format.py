@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) does to a str
 from typing import Any
 
 from minisgl_gateway.errors import ApiError
@@ -43,6 +44,7 @@ class Formatter:
         self.id = new_id(kind)
         self.created = int(time.time())
         self._offsets: dict[int, int] = {}  # completions text_offset per choice (streaming)
+        self._templates: dict[bool, tuple[str, str, str]] = {}  # include_usage -> text chunk
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -117,6 +119,11 @@ class Formatter:
         for c in chunks:
             if not c.text and not c.finish_reason and not c.logprobs:
                 continue  # nothing visible yet (e.g. half a UTF-8 character)
+            if not c.finish_reason and not logprobs:  # a plain text delta: most chunks
+                head, mid, tail = self._templates.get(include_usage) or self._template(
+                    include_usage)
+                out.append(f"{head}{c.index}{mid}{encode_basestring(c.text)}{tail}".encode())
+                continue
             item: dict[str, Any] = {"index": c.index}
             if self.kind == "chat":
                 item["delta"] = {"content": c.text} if c.text else {}
@@ -128,6 +135,19 @@ class Formatter:
                 item["stop_reason"] = c.matched_stop or None
             out.append(self._chunk([item], include_usage))
         return out
+
+    def _template(self, include_usage: bool) -> tuple[str, str, str]:
+        """The SSE event of a text delta without logprobs or finish reason, as the text around
+        the choice index and the JSON string of the text: the same bytes `_chunk` writes for it,
+        without building and serializing the dicts for every token of every stream."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        head = json.dumps(self._head(obj), ensure_ascii=False, separators=(",", ":"))
+        text_key, close = ('"delta":{"content":', "}") if self.kind == "chat" else ('"text":', "")
+        usage = ',"usage":null' if include_usage else ""
+        template = (f'data: {head[:-1]},"choices":[{{"index":', f",{text_key}",
+                    f'{close},"logprobs":null,"finish_reason":null}}]{usage}}}\n\n')
+        self._templates[include_usage] = template
+        return template
 
     def usage_chunk(self, usage: Usage) -> bytes:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"

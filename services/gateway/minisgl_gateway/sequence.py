@@ -1,10 +1,11 @@
 """What one request sees of the pipeline: its sequences (one per choice) and the step events that
-arrive on its asyncio queue, already detokenized."""
+arrive in its sink, already detokenized."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from minisgl_core.proto.minisgl.v1 import common_pb2
@@ -14,24 +15,66 @@ from minisgl_gateway.errors import ApiError
 
 @dataclass(slots=True)
 class StepEvent:
-    """New output of one sequence for one scheduler step, after detokenization."""
+    """New output of one sequence for one scheduler step, after detokenization.
+
+    The token fields may be the scheduler message's own repeated fields (read-only sequences):
+    copying them into lists for every token of every stream cost more than everything else the
+    event does."""
 
     index: int  # the choice this sequence is
     text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)
+    token_ids: Seq[int] = field(default_factory=list)
+    logprobs: Seq[float] = field(default_factory=list)
+    top_logprobs: Seq[common_pb2.TopLogprobs] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "error"
     matched_stop: str = ""
     error: ApiError | None = None
     cached_tokens: int = 0
 
 
+class EventSink:
+    """One request's step events: the pipeline puts, the request's task takes all that arrived.
+
+    An asyncio.Queue did the same with a future, a getter deque and task accounting per event;
+    this keeps at most one waiter, so a step costs each stream a single wake-up (none when the
+    stream has not come back for the previous step's events yet)."""
+
+    __slots__ = ("_events", "_waiter")
+
+    def __init__(self) -> None:
+        self._events: list[StepEvent] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, event: StepEvent) -> None:
+        self._events.append(event)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._events
+
+    async def take(self) -> list[StepEvent]:
+        """Every event not taken yet, in arrival order; waits for the first."""
+        while not self._events:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:  # cancelled: a later put must not resolve a future nobody awaits
+                if self._waiter is waiter:
+                    self._waiter = None
+        events, self._events = self._events, []
+        return events
+
+
 @dataclass(eq=False, slots=True)
 class Sequence:
     rid: int
     index: int
-    sink: asyncio.Queue[StepEvent]
+    sink: EventSink
     stop: common_pb2.StopConditions
     detok_started: bool = False  # the detokenizer holds state for this rid
     done: bool = False  # the client side ended (finished, failed, stopped or cancelled)
@@ -43,4 +86,4 @@ class Sequence:
             return
         self.done, self.done_at = True, time.monotonic()
         if event is not None:
-            self.sink.put_nowait(event)
+            self.sink.put(event)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -25,7 +26,7 @@ from minisgl_core.serving import GRPC_OPTIONS
 from minisgl_gateway.config import GatewayConfig
 from minisgl_gateway.core import Gateway
 from minisgl_gateway.grpc_api import GenerationService, add_to_server
-from minisgl_gateway.http_api import create_app
+from minisgl_gateway.http_api import asgi_app
 
 log = logging.getLogger(__name__)
 # Idle keep-alive connections stay open this long (uvicorn's default is 5 s). A client that reuses
@@ -77,7 +78,7 @@ class GatewayServer:
         if config.tls_cert:
             tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
         self.http = _Uvicorn(uvicorn.Config(
-            create_app(self.gateway), host=config.host, port=config.port, log_config=None,
+            asgi_app(self.gateway), host=config.host, port=config.port, log_config=None,
             access_log=False, lifespan="off", timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=max(1, int(
                 config.drain_timeout)), **tls))
@@ -115,6 +116,10 @@ class GatewayServer:
             await asyncio.sleep(0.02)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        # What exists now (FastAPI, pydantic, protobuf, gRPC, the app) lives as long as the
+        # process: out of the cyclic collector's generations, the collections that streaming's
+        # short-lived garbage triggers no longer walk it (about 1 us per token in a benchmark).
+        gc.freeze()
         scheme = "https" if self.config.tls_cert else "http"
         log.info("gateway ready: %s://%s:%d (OpenAI), gRPC %s:%d", scheme, self.config.host,
                  self.http_port, self.config.host, self.grpc_port)

@@ -77,6 +77,10 @@ class IncrementalDecoder:
         """Add tokens; return the text that became safe to show (maybe ""). `final`: the request
         ends with these tokens, so everything still held back comes out too."""
         self.pieces = []
+        if type(new_ids) is not list:
+            # A protobuf repeated field (the gRPC path): every len/index/min/extend on it costs
+            # several times what it does on a list, so read it once. Most updates are one token.
+            new_ids = [new_ids[0]] if len(new_ids) == 1 else list(new_ids)
         if not new_ids:
             return self._flush_run() if final else ""
         if min(new_ids) < 0:

@@ -137,8 +137,11 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
                         if d.stopped:
                             add(rid=d.rid, text=d.text, stopped=True, matched_stop=d.matched_stop,
                                 num_tokens=d.num_tokens)
-                        else:
-                            add(rid=d.rid, text=d.text)
+                        else:  # hot path: set fields, cheaper than keyword construction
+                            delta = add()
+                            delta.rid = d.rid
+                            if d.text:
+                                delta.text = d.text
                 except Exception as exc:  # a bug: end this stream with the reason, keep serving
                     log.exception("Detokenize step failed")
                     context.abort(grpc.StatusCode.INTERNAL, f"detokenizer error: {exc}")
