@@ -1,0 +1,112 @@
+"""The PlanBuilder on its own: graph padding, the FlashInfer page layout it ships, and the two
+validation paths (numpy columns first, the per-request walk for the message) agreeing."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from minisgl_core.sampling import SamplingParams
+from minisgl_core.step import ReqPlan, StepPlan
+from minisgl_worker.attention.flashinfer_backend import paged_kv_layout
+from minisgl_worker.batch import InvalidPlan, PlanBuilder
+
+PS, SLOTS, PAGES, VOCAB = 4, 8, 64, 100
+CPU = torch.device("cpu")
+
+
+def _builder() -> PlanBuilder:
+    return PlanBuilder(SLOTS, 16, PAGES, PS, 64, VOCAB, CPU)
+
+
+def _start(b: PlanBuilder, slot: int, n: int, first_page: int) -> None:
+    pages = list(range(first_page, first_page + -(-(n + 8) // PS)))
+    plan = StepPlan(0, [ReqPlan(slot, slot, 0, [1] * n, 0, pages,
+                                sampling=SamplingParams(temperature=0.0))])
+    b.validate(plan)
+    b.build(plan)
+
+
+def test_decode_batch_padded_to_graph_size_with_dummy_rows() -> None:
+    b = _builder()
+    for slot, n in [(2, 5), (5, 9), (6, 3)]:
+        _start(b, slot, n, first_page=slot * 6)
+    plan = StepPlan(1, [ReqPlan(2, 2, 5), ReqPlan(5, 5, 9), ReqPlan(6, 6, 3)])
+    step, _ = b.build(plan, graph_size=lambda n: 4 if n <= 4 else None)
+    batch = step.batch
+    assert batch.batch_size == batch.num_tokens == 4 and batch.is_decode
+    assert batch.seq_lens_host == [6, 10, 4, 1] and batch.cache_lens_host == [5, 9, 3, 0]
+    dummy = PAGES  # the pool's extra page
+    assert batch.page_table_host[3].tolist() == [dummy] * batch.page_table_host.shape[1]
+    assert batch.out_loc[3].item() == dummy * PS and batch.positions[3].item() == 0
+    assert step.sample_rids == [2, 5, 6] and step.batch.sample_indices.tolist() == [0, 1, 2]
+    assert step.decode_index.tolist() == [0, 1, 2]
+    # The layout shipped for FlashInfer is the one its own fallback derives from the batch.
+    want = paged_kv_layout(batch)
+    assert batch.kv_indptr_host.tolist() == want[0].tolist()
+    assert batch.kv_indices.tolist() == want[1].tolist()
+    assert batch.kv_last_page_len_host.tolist() == want[2].tolist()
+    assert batch.qo_indptr_host.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_mixed_batch_is_not_padded_and_layout_matches() -> None:
+    b = _builder()
+    _start(b, 0, 6, first_page=0)
+    plan = StepPlan(1, [ReqPlan(0, 0, 6),
+                        ReqPlan(1, 1, 0, [3, 4, 5], 0, [20, 21],
+                                sampling=SamplingParams(temperature=0.0))])
+    b.validate(plan)
+    step, writes = b.build(plan, graph_size=lambda n: 8)
+    batch = step.batch
+    assert batch.batch_size == 2 and not batch.is_decode and batch.num_tokens == 4
+    assert step.input_ids.tolist()[1:] == [3, 4, 5]
+    assert writes.tolist() == [[1, 1], [0, 1], [20, 21]]
+    want = paged_kv_layout(batch)
+    assert batch.kv_indices.tolist() == want[1].tolist()
+    assert batch.kv_indptr_host.tolist() == want[0].tolist() == [0, 2, 3]
+
+
+def _random_plan(rng: random.Random, b: PlanBuilder) -> StepPlan:
+    """Mostly valid plans, with one field pushed out of range now and then."""
+    reqs = []
+    for slot in rng.sample(range(SLOTS), rng.randint(1, 4)):
+        if b.has_future[slot] and rng.random() < 0.6:
+            r = ReqPlan(slot, slot, rng.randint(0, 12), [], int(b.pages_len[slot]),
+                        rng.sample(range(PAGES), rng.randint(0, 1)))
+        else:
+            n = rng.randint(1, 6)
+            r = ReqPlan(slot, slot, 0, [rng.randrange(VOCAB) for _ in range(n)], 0,
+                        rng.sample(range(PAGES), -(-n // PS) + rng.randint(0, 1)),
+                        sampling=SamplingParams(temperature=0.0))
+        reqs.append(r)
+    if rng.random() < 0.5:
+        r = rng.choice(reqs)
+        field, value = rng.choice([("slot", SLOTS), ("slot", -1), ("cache_len", -1),
+                                   ("cache_len", 70), ("page_offset", 15),
+                                   ("input_ids", [VOCAB]), ("new_pages", [PAGES]),
+                                   ("history_ids", [-1]), ("sampling", None)])
+        setattr(r, field, value)
+    if rng.random() < 0.1:
+        reqs.append(reqs[0])  # a slot twice
+    return StepPlan(1, reqs)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_validation_never_accepts_what_the_walk_refuses(seed: int) -> None:
+    rng = random.Random(seed)
+    b = _builder()
+    refused = 0
+    for _ in range(300):
+        plan = _random_plan(rng, b)
+        try:
+            b._validate_each(plan)
+            walk_ok = True
+        except InvalidPlan:
+            walk_ok, refused = False, refused + 1
+        assert b._plan_ok(plan) == walk_ok
+        if walk_ok:
+            b.build(plan)
+    assert refused > 20  # the generator does produce bad plans
+    assert np.all(b.pages_len >= 0)
