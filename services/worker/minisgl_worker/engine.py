@@ -143,8 +143,11 @@ class Engine(StepExecutor):
             return None
         model = self.model
         # The LM head runs inside the graph: one launch less per step, and fixed GEMM shapes.
+        # Not with TP yet: its all-gather inside a graph has not been run on the GPUs.
+        logits = None if cfg.tp_size > 1 else (
+            lambda hidden: model.compute_logits(hidden, fp32=False))
         return CudaGraphRunner(model, self.backend, self.pool, cfg.cuda_graph_max_bs,
-                               logits=lambda hidden: model.compute_logits(hidden, fp32=False))
+                               logits=logits)
 
     # -- StepExecutor -----------------------------------------------------------------------------
 
