@@ -43,7 +43,11 @@ def test_decode_batch_padded_to_graph_size_with_dummy_rows() -> None:
     assert batch.out_loc[3].item() == dummy * PS and batch.positions[3].item() == 0
     assert step.sample_rids == [2, 5, 6] and step.batch.sample_indices.tolist() == [0, 1, 2]
     assert step.decode_index.tolist() == [0, 1, 2]
-    # The layout shipped for FlashInfer is the one its own fallback derives from the batch.
+    # FlashInfer's CSR layout: pages per row 2, 3, 1, 1 (the padding row: the dummy page).
+    assert batch.kv_indptr_host.tolist() == [0, 2, 5, 6, 7]
+    assert batch.kv_indices.tolist() == [12, 13, 30, 31, 32, 36, dummy]
+    assert batch.kv_last_page_len_host.tolist() == [2, 2, 4, 1]
+    # ... and the one the backend's own fallback derives from the batch's host mirrors.
     want = paged_kv_layout(batch)
     assert batch.kv_indptr_host.tolist() == want[0].tolist()
     assert batch.kv_indices.tolist() == want[1].tolist()

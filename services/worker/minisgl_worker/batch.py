@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from minisgl_core.step import StepPlan
 
-from .attention.base import ForwardBatch
+from .attention.base import ForwardBatch, csr_page_layout
 
 
 class InvalidPlan(ValueError):
@@ -174,11 +174,7 @@ class PlanBuilder:
         rows = np.full((bs, width), self.dummy_page, dtype=np.int32)
         rows[:b] = self.page_table[slots, :width]
         # FlashInfer's CSR page layout, here so the backend does not rebuild it per step.
-        num_pages = -(-seq // ps)
-        kv_indptr = np.zeros(bs + 1, dtype=np.int64)
-        np.cumsum(num_pages, out=kv_indptr[1:])
-        kv_indices = rows[np.arange(width)[None, :] < num_pages[:, None]]
-        kv_last = (seq - 1) % ps + 1
+        kv_indptr, kv_indices, kv_last = csr_page_layout(seq, rows, ps)
 
         input_ids = np.zeros(t, dtype=np.int64)
         for i in np.flatnonzero(~decode).tolist():

@@ -45,6 +45,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from ..kv_pool import KVPool
@@ -110,6 +111,19 @@ class ForwardBatch:
     def last_page_len_host(self) -> list[int]:
         """Tokens in each request's last page (FlashInfer's paged_kv_last_page_len)."""
         return [(n - 1) % self.page_size + 1 for n in self.seq_lens_host]
+
+
+def csr_page_layout(seq_lens: np.ndarray, rows: np.ndarray, page_size: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FlashInfer's CSR page layout from sequence lengths [B] and page-table rows [B, P]:
+    kv_indptr [B+1] (pages per request, cumulated), kv_indices (the used prefix of each row,
+    concatenated) and kv_last_page_len [B] (tokens in each last page); int32."""
+    num_pages = -(-seq_lens.astype(np.int64) // page_size)
+    indptr = np.zeros(len(seq_lens) + 1, dtype=np.int32)
+    np.cumsum(num_pages, out=indptr[1:])
+    indices = rows[np.arange(rows.shape[1])[None, :] < num_pages[:, None]].astype(np.int32)
+    last = ((seq_lens - 1) % page_size + 1).astype(np.int32)
+    return indptr, indices, last
 
 
 class AttentionBackend(ABC):

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .base import AttentionBackend, BackendUnavailable, ForwardBatch
+from .base import AttentionBackend, BackendUnavailable, ForwardBatch, csr_page_layout
 
 _WORKSPACE_BYTES = 256 * 1024 * 1024  # FlashInfer's split-K scratch (it recommends >= 128 MB)
 # What FlashInfer 0.6.4's paged prefill/decode kernels are built for: other head sizes fail to
@@ -63,12 +63,7 @@ def paged_kv_layout(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, to
     The engine's PlanBuilder ships these ready-made (`batch.kv_indptr_host`, ...); this is for
     batches built elsewhere (tests, the graph runner's own padding)."""
     seq = np.asarray(batch.seq_lens_host, dtype=np.int64)
-    num_pages = -(-seq // batch.page_size)
-    indptr = np.zeros(batch.batch_size + 1, dtype=np.int32)
-    np.cumsum(num_pages, out=indptr[1:])
-    table = batch.page_table_host.numpy()
-    indices = table[np.arange(table.shape[1])[None, :] < num_pages[:, None]].astype(np.int32)
-    last = ((seq - 1) % batch.page_size + 1).astype(np.int32)
+    indptr, indices, last = csr_page_layout(seq, batch.page_table_host.numpy(), batch.page_size)
     return (_pinned(torch.from_numpy(indptr)), _pinned(torch.from_numpy(indices)),
             _pinned(torch.from_numpy(last)))
 
