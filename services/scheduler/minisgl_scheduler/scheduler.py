@@ -315,13 +315,8 @@ class Scheduler:
     def _on_token(self, req: Request, out: StepOutput, i: int) -> None:
         token = out.token_ids[i]
         req.tokens.append(token)
-        event = self._events.get(req)
-        if event is None:  # _event(req), with its first token
-            event = self._events[req] = TokenEvent(
-                req.rid, [token], prompt_tokens=req.prompt_len,
-                cached_tokens=max(0, req.cached_tokens))
-        else:
-            event.token_ids.append(token)
+        event = self._event(req)
+        event.token_ids.append(token)
         params = req.params
         if params.logprobs and out.logprobs:
             event.logprobs.append(out.logprobs[i])
