@@ -8,9 +8,11 @@ replay it with new inputs copied into static buffers.
 A decode batch of B requests runs in the graph of the smallest captured size >= B; the extra rows
 are padding shaped as the attention interface prescribes (seq_len 1, cache_len 0, page-table row
 all `pool.dummy_page`, KV written inside the dummy page), so they can never touch a live page.
-Attention planning (`backend.prepare_for_replay`) happens on the host before each replay: only
-the kernels are in the graph, and they read the step's metadata from the backend's static
-buffers. Sampling stays outside the graph.
+The engine's PlanBuilder builds decode batches already padded (`padded_size`); `run` pads
+others itself. Attention planning (`backend.prepare_for_replay`) happens on the host before each
+replay: only the kernels are in the graph, and they read the step's metadata from the backend's
+static buffers. With `logits=` the LM head is captured too and `run` returns logits; sampling
+stays outside the graph.
 
 `eager=True` replays by running the forward on the static buffers instead of a captured graph:
 the same plumbing (padding, static inputs, backend replay hooks) testable without a GPU.
