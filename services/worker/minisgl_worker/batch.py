@@ -2,7 +2,7 @@
 
 Everything here runs on the host with numpy over mirrors the worker keeps (the page table, which
 slots hold a sampled token), so building a step never waits for the device. All integer metadata
-goes to the device in one copy (pinned memory on CUDA).
+goes to the device in two copies, int64 and int32, from reused pinned buffers on CUDA.
 
 Validation happens before any state changes: a bad plan raises `InvalidPlan` and leaves the
 worker exactly as it was.

@@ -1,8 +1,9 @@
 """The worker engine: runs StepPlans on the model and returns sampled tokens.
 
-Per step: the plan becomes a ForwardBatch (host work, one upload), decode rows take their input
+Per step: the plan becomes a ForwardBatch (host work, two uploads), decode rows take their input
 from the slot's token future (`last_tokens`, written by an earlier step's sampler, on the device),
-the model runs, logits are computed only for the last token of each sampling request, the sampler
+the model runs, logits are computed only for the last token of each sampling request (a decode
+CUDA graph computes them for its every row, inside the graph), the sampler
 draws, and the tokens are copied to pinned host memory behind an event. `launch` does all of this
 without waiting for the device; `collect` waits for the oldest step's event. So step N+1 can be
 launched (and queued on the GPU) before step N's tokens are read: overlap scheduling.
