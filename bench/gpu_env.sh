@@ -2,6 +2,11 @@
 # Source this on the GPU machine (no network) before a benchmark:  source bench/gpu_env.sh
 # Wheels travel in .whl/ (see docs/benchmarks.md): FlashInfer 0.6.4 + apache-tvm-ffi go into a
 # private folder; the pure-Python service deps are installed only where the image lacks them.
+# .whl/py is filled here with: pip download --only-binary=:all: --python-version 3.12
+#   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
+#   --platform manylinux2014_x86_64 --platform any -d .whl/py "fastapi<0.116" uvicorn jinja2
+#   prometheus-client grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 einops tabulate
+#   httpx httptools   (then delete the grpcio and protobuf wheels: the image has its own)
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [ -d "$here/.whl" ]; then
@@ -12,6 +17,8 @@ if [ -d "$here/.whl" ]; then
     python3 -m pip install -q --no-index --find-links "$here/.whl/py" fastapi uvicorn jinja2 \
       prometheus-client grpcio-health-checking grpcio-reflection einops tabulate httpx \
       >/tmp/gpu_env_pip.log 2>&1 || { echo "gpu_env: service wheels did not install:"; tail -3 /tmp/gpu_env_pip.log; }
+    # Optional: uvicorn uses httptools when present (the gateway declares it), h11 otherwise.
+    python3 -m pip install -q --no-index --find-links "$here/.whl/py" httptools >/dev/null 2>&1 || true
   fi
 fi
 export PYTHONPATH="/tmp/site:$here/libs/minisgl_core:$here/libs/minisgl:$here/services/gateway:$here/services/tokenizer:$here/services/scheduler:$here/services/worker${PYTHONPATH:+:$PYTHONPATH}"
