@@ -2,7 +2,7 @@
 
     source bench/gpu_env.sh
     python bench/gpu_check_attention.py [--backends triton,flashinfer,fa3] [--page-sizes 16,1]
-        [--json attn.json] [--tol 0.02]
+        [--json attn.json] [--tol 0.02] [--kv-cache-dtype fp8_e4m3]
 
 Shapes are one TP rank of Llama-3-8B (32 query heads, 8 KV heads, head_dim 128), bf16, on a random
 paged pool (pages scattered, garbage in unused slots). Each case is one `ForwardBatch` of W1's
@@ -13,6 +13,11 @@ wrote, and the median forward time (CUDA events; `prepare` timed apart). Decode 
 captured in a CUDA graph at a padded batch size (padded rows as the graph runner makes them) and
 replayed; the replay must match too. Last, the sampler's Triton Gumbel draw is compared with its
 torch reference (same hash bits -> same tokens) and both are timed. Exit status 1 on any failure.
+
+With --kv-cache-dtype fp8_e4m3/fp8_e5m2 the pool is fp8 and every K/V value (cached and new) is
+drawn fp8-representable, so the fp32 reference sees exactly what the cache holds and the check
+measures the kernels' fp8 reads; the GPU stores' rounding (store_kv, the fused prologue) is then
+compared byte for byte with torch's saturating cast.
 """
 
 from __future__ import annotations
@@ -85,7 +90,8 @@ def time_ms(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float
 class Case:
     """A random pool holding each request's cached prefix, and the step's q/k/v."""
 
-    def __init__(self, reqs: list[tuple[int, int]], page_size: int, seed: int) -> None:
+    def __init__(self, reqs: list[tuple[int, int]], page_size: int, seed: int,
+                 kv_dtype: torch.dtype = torch.bfloat16) -> None:
         gen = torch.Generator(device=DEV).manual_seed(seed)
         self.reqs, self.page_size = reqs, page_size
         pages_per = [-(-(c + n) // page_size) for c, n in reqs]
@@ -104,6 +110,10 @@ class Case:
         self.q = torch.randn(t, HQ, D, device=DEV, generator=gen)
         self.new_k = torch.randn(t, HKV, D, device=DEV, generator=gen)
         self.new_v = torch.randn(t, HKV, D, device=DEV, generator=gen)
+        self.kv_dtype = kv_dtype
+        if kv_dtype.itemsize == 1:  # fp8-representable values: the reference sees the cache
+            for name in ("k", "v", "new_k", "new_v"):
+                setattr(self, name, getattr(self, name).to(kv_dtype).float())
 
     def pool(self, dtype: torch.dtype) -> KVPool:
         pool = KVPool(1, self.num_pages, self.page_size, HKV, D, dtype, DEV, len(self.reqs),
@@ -114,8 +124,9 @@ class Case:
         return pool
 
     def config(self, dtype: torch.dtype, max_slots: int) -> AttentionConfig:
+        kv = self.kv_dtype if dtype != torch.float32 else torch.float32
         return AttentionConfig(HQ, HKV, D, D**-0.5, self.page_size, max_slots, self.max_pages,
-                               self.max_pages * self.page_size, dtype, DEV)
+                               self.max_pages * self.page_size, dtype, DEV, kv_dtype=kv)
 
     def batch(self, pool: KVPool, pad_to: int = 0) -> ForwardBatch:
         cache = [c for c, _ in self.reqs]
@@ -163,7 +174,7 @@ def reference(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
 def check_backend(name: str, case: Case, ref: tuple[torch.Tensor, torch.Tensor],
                   tol: float) -> dict:
     dtype = torch.bfloat16
-    pool = case.pool(dtype)
+    pool = case.pool(case.kv_dtype)
     backend = backend_class(name)(case.config(dtype, len(case.reqs)), pool)
     batch = case.batch(pool)
     q, k, v = (t.to(dtype) for t in (case.q, case.new_k, case.new_v))
@@ -250,13 +261,52 @@ def check_sampler() -> dict:
     return rec
 
 
+def check_fp8_store(kv_dtype: torch.dtype) -> dict:
+    """store_kv and the fused prologue into an fp8 cache vs torch's cast of the same values
+    (clamped to the type's range): the bytes must agree; values span past the range."""
+    from minisgl_worker.layers import fused_ops
+    from minisgl_worker.layers.rotary import RotaryEmbedding
+    from minisgl_worker.triton_kernels.store_kv import store_kv
+
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    t, ps = 4096, 16
+    k = (torch.randn(t, HKV, D, device=DEV, generator=gen) * 100).to(torch.bfloat16)
+    v = (torch.randn(t, HKV, D, device=DEV, generator=gen) * 100).to(torch.bfloat16)
+    loc = torch.randperm(t, device=DEV, generator=gen)
+    top = torch.finfo(kv_dtype).max
+    want = [x.float().clamp(-top, top).to(kv_dtype).view(torch.uint8) for x in (k, v)]
+    shape = (t // ps, ps, HKV, D)
+    kc, vc = (torch.zeros(shape, dtype=kv_dtype, device=DEV) for _ in range(2))
+    store_kv(kc, vc, k, v, loc)
+    rec = {"store_kv_mismatch": sum(int((c.view(-1, HKV, D)[loc].view(torch.uint8) != w).sum())
+                                    for c, w in zip((kc, vc), want, strict=True))}
+    # The fused prologue without norms: k is rotated first, so compare with torch's cast of the
+    # k it leaves in place (the rotated bf16 values); v goes through unchanged.
+    qk = torch.randn(t, HQ, D, device=DEV, generator=gen).to(torch.bfloat16)
+    kk = k.clone()
+    rope = RotaryEmbedding(D, 8192, 1e6).to(DEV)
+    pos = torch.randint(0, 8192, (t,), device=DEV, generator=gen)
+    kc.zero_()
+    vc.zero_()
+    fused_ops.qk_norm_rope_store_(qk, kk, v, pos, rope.cos, rope.sin, kc, vc, loc)
+    want_k = kk.float().clamp(-top, top).to(kv_dtype).view(torch.uint8)
+    rec["prologue_mismatch"] = (
+        int((kc.view(-1, HKV, D)[loc].view(torch.uint8) != want_k).sum())
+        + int((vc.view(-1, HKV, D)[loc].view(torch.uint8) != want[1]).sum()))
+    rec["ok"] = rec["store_kv_mismatch"] == 0 and rec["prologue_mismatch"] == 0
+    return rec
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backends", default="triton,flashinfer,fa3")
     p.add_argument("--page-sizes", default="16,1")
     p.add_argument("--tol", type=float, default=2e-2)
     p.add_argument("--json", default=None)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3", "fp8_e5m2"])
     args = p.parse_args()
+    kv_dtype = {"auto": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn,
+                "fp8_e5m2": torch.float8_e5m2}[args.kv_cache_dtype]
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 2
@@ -272,7 +322,7 @@ def main() -> int:
     cases += list(EXTEND_CASES.items())
     for ps in (int(s) for s in args.page_sizes.split(",")):
         for i, (cname, reqs) in enumerate(cases):
-            case = Case(reqs, ps, seed=i)
+            case = Case(reqs, ps, seed=i, kv_dtype=kv_dtype)
             ref = reference(case)
             for name in args.backends.split(","):
                 key = f"{name}/ps{ps}/{cname}"
@@ -288,6 +338,10 @@ def main() -> int:
                 print(f"{key:48s} {shown}")
             del case, ref
             torch.cuda.empty_cache()
+    if kv_dtype.itemsize == 1:
+        results["fp8_store"] = rec = check_fp8_store(kv_dtype)
+        print(f"fp8_store {rec}")
+        failed |= not rec["ok"]
     try:
         results["sampler"] = check_sampler()
     except Exception as exc:

@@ -38,7 +38,11 @@ def main() -> int:
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--decode-attention-backend", default=None, help="hybrid: decode-only steps")
+    p.add_argument("--prefill-attention-backend", default=None, help="hybrid: other steps")
     p.add_argument("--page-size", type=int, default=None)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3", "fp8_e5m2"],
+                   help="fp8: KV cache in one byte per element (the roofline reads 1 byte too)")
     p.add_argument("--max-running-requests", type=int, default=256)
     p.add_argument("--max-prefill-tokens", type=int, default=None)
     p.add_argument("--disable-overlap", action="store_true")
@@ -81,7 +85,10 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
     kwargs = dict(load_format=args.load_format, tp_size=args.tp_size,
                   attention_backend=args.attention_backend, cache=args.cache,
                   disable_overlap=args.disable_overlap, disable_cuda_graph=args.disable_cuda_graph,
-                  max_running_requests=args.max_running_requests)
+                  max_running_requests=args.max_running_requests,
+                  kv_cache_dtype=args.kv_cache_dtype,
+                  decode_attention_backend=args.decode_attention_backend,
+                  prefill_attention_backend=args.prefill_attention_backend)
     if args.page_size:
         kwargs["page_size"] = args.page_size
     if args.max_prefill_tokens:
@@ -102,14 +109,17 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
     bw = args.hbm_tbps * 1e12 if args.hbm_tbps else (measure_hbm_bandwidth() if on_gpu else 0)
     record = {
         "model": Path(args.model).name, "tp": args.tp_size, "backend": args.attention_backend,
+        "decode_backend": args.decode_attention_backend,
         "overlap": not args.disable_overlap, "cache": args.cache,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "cuda_graph": not args.disable_cuda_graph,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "input_tokens": sum(map(len, prompts)), "output_tokens": produced,
         "seconds": round(elapsed, 3), "output_tok_s": round(produced / elapsed, 1),
     }
     if bw:
-        shape = ModelShape.from_config(args.model, tp_size=args.tp_size)
+        shape = ModelShape.from_config(args.model, tp_size=args.tp_size,
+                                       kv_dtype_bytes=1 if args.kv_cache_dtype != "auto" else None)
         floor = roofline_seconds(shape, [len(x) for x in prompts], out_lens, bw,
                                  args.tflops * 1e12)
         record.update({"hbm_tb_s": round(bw / 1e12, 2),

@@ -23,6 +23,7 @@ class ModelShape:
     num_experts: int = 0
     experts_per_tok: int = 0
     expert_bytes: int = 0  # one expert's weights, all layers (this rank's share)
+    kv_dtype_bytes: int | None = None  # KV cache element size; None: dtype_bytes (fp8 cache: 1)
 
     def step_weight_bytes(self, batch: int) -> float:
         """Weights one decode step of `batch` requests reads. MoE: the expected number of
@@ -36,10 +37,12 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        kv = self.kv_dtype_bytes or self.dtype_bytes
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * kv
 
     @classmethod
-    def from_config(cls, path: str | Path, dtype_bytes: int = 2, tp_size: int = 1) -> ModelShape:
+    def from_config(cls, path: str | Path, dtype_bytes: int = 2, tp_size: int = 1,
+                    kv_dtype_bytes: int | None = None) -> ModelShape:
         cfg = json.loads((Path(path) / "config.json").read_text())
         h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
         heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads",
@@ -59,7 +62,8 @@ class ModelShape:
         active = layers * (attn + mlp_active) + embed
         return cls(num_layers=layers, num_kv_heads=max(1, kv_heads // tp_size),
                    head_dim=head_dim, weight_bytes=active * dtype_bytes // tp_size,
-                   active_params=active // tp_size, dtype_bytes=dtype_bytes, **moe)
+                   active_params=active // tp_size, dtype_bytes=dtype_bytes,
+                   kv_dtype_bytes=kv_dtype_bytes, **moe)
 
 
 def roofline_seconds(shape: ModelShape, prompt_lens: list[int], output_lens: list[int],

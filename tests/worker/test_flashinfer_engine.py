@@ -71,7 +71,8 @@ class _Wrapper:
         assert indptr.dtype == indices.dtype == last.dtype == torch.int32
         assert len(indices) >= int(indptr[-1]) and ((last >= 1) & (last <= ps)).all()
         assert q_data_type in (torch.float16, torch.bfloat16, torch.float32)  # fp32: see tests
-        assert kv_data_type == q_data_type and hq % hkv == 0
+        fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # an fp8 cache is read with any q dtype
+        assert (kv_data_type == q_data_type or kv_data_type in fp8) and hq % hkv == 0
         batch_size = len(last)
         if self.is_cuda_graph_enabled:  # 0.6.4: plan() refills the buffers the kernels read
             if batch_size != self._fixed_batch_size:
@@ -87,15 +88,15 @@ class _Wrapper:
             self._paged_kv_indices_buf = indices.clone()
             self._paged_kv_last_page_len_buf = last.clone()
         self._qo_indptr_buf = qo_indptr.clone()
-        self._plan = (batch_size, causal, sm_scale, (hq, hkv, d, ps, q_data_type))
+        self._plan = (batch_size, causal, sm_scale, (hq, hkv, d, ps, q_data_type, kv_data_type))
         self.plans += 1
 
     def run(self, q, paged_kv_cache, *args, out=None, lse=None, return_lse=False):
         assert self._plan is not None, "run before plan"
-        batch_size, causal, sm_scale, (hq, hkv, d, ps, dtype) = self._plan
+        batch_size, causal, sm_scale, (hq, hkv, d, ps, dtype, kv_dtype) = self._plan
         k_cache, v_cache = paged_kv_cache
         assert q.shape[1:] == (hq, d) and k_cache.shape[1:] == (ps, hkv, d)
-        assert q.dtype == dtype and k_cache.dtype == dtype
+        assert q.dtype == dtype and k_cache.dtype == v_cache.dtype == kv_dtype
         return _paged_attention(q, k_cache, v_cache, self._qo_indptr_buf,
                                 self._paged_kv_indptr_buf, self._paged_kv_indices_buf,
                                 self._paged_kv_last_page_len_buf, batch_size, causal, sm_scale)
@@ -214,11 +215,12 @@ def _tape_runner(model, backend, pool, max_bs, logits=None):
 PS = 4
 
 
-def _engine(path, backend: str):
+def _engine(path, backend: str, kv_cache_dtype: str = "auto"):
     from minisgl_worker.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(model_path=str(path), attention_backend=backend, dtype="float32",
                                page_size=PS, max_slots=6, num_pages=160, max_model_len=128,
+                               kv_cache_dtype=kv_cache_dtype,
                                hf_overrides={"num_hidden_layers": 2}))
 
 
@@ -271,6 +273,21 @@ def test_engine_with_graphs_computing_logits_matches_torch(tiny_model_path, torc
     assert runner.replays > 0
 
 
+def test_fp8_kv_cache_with_graphs_matches_torch(tiny_model_path, fake_flashinfer):
+    """An fp8 KV cache: FlashInfer is planned with kv_data_type fp8 and reads the fp8 pool the
+    model's stores wrote; the torch backend over its own fp8 pool gives the same greedy tokens
+    (both upcast the same stored values), and they differ from the fp32 cache's logits."""
+    prompts, starts = _workload()
+    ref = _engine(tiny_model_path, "torch", "fp8_e4m3")
+    want = run_requests(ref, prompts, max_new=24, page_size=PS, chunk=8, starts=starts)
+    engine = _engine(tiny_model_path, "flashinfer", "fp8_e4m3")
+    assert engine.pool.k[0].dtype == torch.float8_e4m3fn
+    engine.graph_runner = _tape_runner(engine.model, engine.backend, engine.pool, max_bs=4)
+    got = run_requests(engine, prompts, max_new=24, page_size=PS, chunk=8, starts=starts)
+    assert got == want
+    assert engine.backend._graph_wrappers[4].plans > 1
+
+
 def test_engine_without_graphs_matches_torch(tiny_model_path, torch_tokens, fake_flashinfer):
     engine = _engine(tiny_model_path, "flashinfer")
     prompts, starts = _workload()
@@ -302,3 +319,14 @@ def test_refuses_unsupported_dtype_and_head_dim(monkeypatch):
         with pytest.raises(ValueError, match=r"head_dim 96.*64, 128, 256"):
             make(96, torch.bfloat16, cls)
     assert make(128, torch.bfloat16).name == "flashinfer"
+    cpu = torch.device("cpu")
+    for cls, ok in ((fb.FlashInferBackend, True), (fb.FA3Backend, False),
+                    (fb.TrtllmBackend, False)):
+        cfg = AttentionConfig(4, 2, 128, 128**-0.5, 4, 2, 4, 16, torch.bfloat16, cpu,
+                              kv_dtype=torch.float8_e4m3fn)
+        pool = KVPool(1, 4, 4, 2, 128, torch.float8_e4m3fn, cpu, 2, 4)
+        if ok:
+            assert cls(cfg, pool).config.cache_dtype == torch.float8_e4m3fn
+        else:
+            with pytest.raises(ValueError, match=r"float8_e4m3fn KV cache"):
+                cls(cfg, pool)

@@ -142,6 +142,7 @@ def test_store_kv_writes_only_its_slots(page_size: int):
 
 def test_choose_num_splits():
     assert paged_decode.choose_num_splits(256, 8, 100) == 1
+    assert paged_decode.choose_num_splits(256, 8, 40960) == 2  # a full batch: 2 splits
     assert paged_decode.choose_num_splits(1, 8, 32768) == 32
     assert paged_decode.choose_num_splits(4, 8, 1000) == 4
     for b in (1, 3, 17, 300):

@@ -31,8 +31,8 @@ CFG = AttentionConfig(num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, scale=D**-0
 PAGES = {1: [7, 2, 11, 4, 0], 3: [5, 9, 1, 13], 4: [3, 8, 12, 6]}
 
 
-def make_pool(seed: int) -> KVPool:
-    pool = KVPool(LAYERS, 14, PS, HKV, D, torch.float32, torch.device("cpu"), 6, 8)
+def make_pool(seed: int, dtype: torch.dtype = torch.float32) -> KVPool:
+    pool = KVPool(LAYERS, 14, PS, HKV, D, dtype, torch.device("cpu"), 6, 8)
     gen = torch.Generator().manual_seed(seed)
     for layer in range(LAYERS):  # garbage everywhere: cached prefixes and never-read slots
         pool.k[layer].copy_(torch.randn(pool.k[layer].shape, generator=gen))
@@ -76,7 +76,9 @@ def qkv(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def run_step(backends: list, pools: list[KVPool], reqs, seed: int, pad_to: int = 0,
-             graph: bool = False) -> list[torch.Tensor]:
+             graph: bool = False, torch_store: bool = False) -> list[torch.Tensor]:
+    """torch_store: K/V written by KVPool's torch path for every backend (forward with
+    kv_stored=True), so that only the attention reads are compared."""
     outs = []
     for backend, pool in zip(backends, pools, strict=True):
         batch = make_batch(pool, reqs, pad_to)
@@ -87,13 +89,23 @@ def run_step(backends: list, pools: list[KVPool], reqs, seed: int, pad_to: int =
         q, k, v = qkv(sum(e for _, _, e in reqs), seed)
         pad = batch.num_tokens - q.shape[0]  # padded graph rows carry arbitrary values
         q, k, v = (torch.cat([t, torch.randn(pad, *t.shape[1:])]) for t in (q, k, v))
-        outs.append(torch.stack([backend.forward(q, k, v, layer) for layer in range(LAYERS)]))
+        if torch_store:
+            for layer in range(LAYERS):
+                pool.store(layer, batch.out_loc, k, v)
+        outs.append(torch.stack([backend.forward(q, k, v, layer, kv_stored=torch_store)
+                                 for layer in range(LAYERS)]))
     return outs
 
 
-def test_matches_torch_backend_over_prefill_extend_and_decode():
-    pools = [make_pool(0), make_pool(0)]
-    ref, tri = TorchBackend(CFG, pools[0]), TritonBackend(CFG, pools[1])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float8_e4m3fn], ids=["fp32", "fp8"])
+def test_matches_torch_backend_over_prefill_extend_and_decode(kv_dtype):
+    """Also over an fp8 KV cache, read upcast. The K/V stores are then the torch path's for both:
+    the Triton interpreter does not round fp32 -> fp8 to nearest as torch and GPUs do (a GPU
+    store is checked by bench/gpu_check_attention.py --kv-cache-dtype fp8_e4m3)."""
+    fp8 = kv_dtype.itemsize == 1
+    pools = [make_pool(0, kv_dtype), make_pool(0, kv_dtype)]
+    cfg = CFG.__class__(**{**CFG.__dict__, "kv_dtype": kv_dtype})
+    ref, tri = TorchBackend(cfg, pools[0]), TritonBackend(cfg, pools[1])
     steps = [
         [(1, 0, 6), (3, 5, 3)],  # a fresh prefill and an extend over a cached prefix
         [(1, 6, 1), (3, 8, 1)],  # decode
@@ -101,11 +113,13 @@ def test_matches_torch_backend_over_prefill_extend_and_decode():
         [(4, 9, 1), (1, 8, 1), (3, 13, 1)],  # decode across a page boundary
     ]
     for i, reqs in enumerate(steps):
-        expect, got = run_step([ref, tri], pools, reqs, seed=i)
+        expect, got = run_step([ref, tri], pools, reqs, seed=i, torch_store=fp8)
         torch.testing.assert_close(got, expect, atol=2e-5, rtol=2e-5)
         for layer in range(LAYERS):  # both wrote the same K/V, and only at out_loc
-            assert torch.equal(pools[0].k[layer], pools[1].k[layer])
-            assert torch.equal(pools[0].v[layer], pools[1].v[layer])
+            assert torch.equal(pools[0].k[layer].view(torch.uint8),
+                               pools[1].k[layer].view(torch.uint8))
+            assert torch.equal(pools[0].v[layer].view(torch.uint8),
+                               pools[1].v[layer].view(torch.uint8))
 
 
 def test_cuda_graph_path_with_padding():

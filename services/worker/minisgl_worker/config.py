@@ -11,6 +11,10 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
           "half": torch.float16, "bf16": torch.bfloat16, "fp16": torch.float16,
           "fp32": torch.float32, "float": torch.float32}
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+# KV cache element types besides "auto" (the activation dtype). fp8 halves the bytes each decode
+# step reads; values are stored unscaled (scale 1.0, like vLLM/SGLang without checkpoint scales)
+# and clamped to the type's finite range.
+KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 @dataclass
@@ -18,6 +22,7 @@ class EngineConfig:
     model_path: str
     load_format: str = "auto"  # auto | safetensors | dummy (random weights from config.json)
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    kv_cache_dtype: str = "auto"  # auto: as dtype | fp8_e4m3 | fp8_e5m2
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     page_size: int = 16
     num_pages: int | None = None  # None: GPU from free memory * mem_fraction; CPU from below
@@ -43,6 +48,9 @@ class EngineConfig:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be auto or one of {sorted(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if self.page_size < 1 or self.max_slots < 1:
             raise ValueError("page_size and max_slots must be >= 1")
         if self.num_pages is not None and self.num_pages < 1:
@@ -67,6 +75,11 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return DTYPES[self.dtype]
+
+    def torch_kv_dtype(self, device: torch.device) -> torch.dtype:
+        if self.kv_cache_dtype == "auto":
+            return self.torch_dtype(device)
+        return KV_CACHE_DTYPES[self.kv_cache_dtype]
 
     @classmethod
     def field_names(cls) -> list[str]:

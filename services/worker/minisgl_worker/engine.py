@@ -55,6 +55,7 @@ class Engine(StepExecutor):
         self.config = config
         self.device = config.torch_device()
         self.dtype = config.torch_dtype(self.device)
+        self.kv_dtype = config.torch_kv_dtype(self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self._followers = None
@@ -87,10 +88,11 @@ class Engine(StepExecutor):
         self.num_pages = self._size_kv(kv_heads)
         self.max_pages_per_seq = -(-self.max_model_len // config.page_size)
         self.pool = KVPool(mc.num_layers, self.num_pages, config.page_size, kv_heads, mc.head_dim,
-                           self.dtype, self.device, config.max_slots, self.max_pages_per_seq)
+                           self.kv_dtype, self.device, config.max_slots, self.max_pages_per_seq)
         attn_cfg = AttentionConfig(heads, kv_heads, mc.head_dim, mc.head_dim ** -0.5,
                                    config.page_size, config.max_slots, self.max_pages_per_seq,
-                                   self.max_model_len, self.dtype, self.device)
+                                   self.max_model_len, self.dtype, self.device,
+                                   kv_dtype=self.kv_dtype)
         self.backend = create_backend(config.attention_backend, attn_cfg, self.pool,
                                       config.prefill_attention_backend,
                                       config.decode_attention_backend)
@@ -107,8 +109,9 @@ class Engine(StepExecutor):
         self.graph_runner = self._make_graph_runner()
         self._inflight: deque[_InFlight] = deque()
         self._closed = False
-        log.info("KV cache: %d pages x %d tokens (%.2f GiB), backend %s, device %s",
+        log.info("KV cache: %d pages x %d tokens (%.2f GiB, %s), backend %s, device %s",
                  self.num_pages, config.page_size, self.pool.memory_bytes() / 2**30,
+                 str(self.kv_dtype).removeprefix("torch."),
                  describe(self.backend), self.device)
 
     # -- start-up helpers -------------------------------------------------------------------------
@@ -120,7 +123,7 @@ class Engine(StepExecutor):
         if self.device.type != "cuda":
             return max(1, -(-cfg.kv_cache_tokens // cfg.page_size))
         per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim,
-                                         self.dtype)
+                                         self.kv_dtype)
         free, total = torch.cuda.mem_get_info(self.device)
         budget = total * cfg.mem_fraction - (total - free)
         pages = torch.tensor([int(budget // per_page)], device=self.device)

@@ -9,6 +9,8 @@ Token `i` of the request in slot `s` lives at page `page_table[s, i // page_size
 `i % page_size`; its flat location `page * page_size + offset` indexes the views returned by
 `k_flat(layer)` / `v_flat(layer)` ([num_pages * page_size, num_kv_heads, head_dim]).
 The scheduler owns which pages and slots are in use; this class only holds the tensors.
+Elements are the activation dtype, or fp8 (e4m3/e5m2, `--kv-cache-dtype`): stored unscaled,
+saturated at the type's range; attention kernels upcast on load.
 
 One extra page, `dummy_page` (= num_pages), is allocated past the scheduler's pages: padded rows
 of a CUDA-graph batch point there, so their KV writes can never touch a live request's page.
@@ -71,8 +73,16 @@ class KVPool:
 
             store_kv(self.k[layer], self.v[layer], k, v, loc)
             return
-        self.k_flat(layer)[loc] = k.to(self.dtype)
-        self.v_flat(layer)[loc] = v.to(self.dtype)
+        self.k_flat(layer)[loc] = self._encode(k)
+        self.v_flat(layer)[loc] = self._encode(v)
+
+    def _encode(self, x: torch.Tensor) -> torch.Tensor:
+        """x in the cache's element type; an fp8 cache saturates at its finite range (a plain
+        cast can give inf or NaN), like the Triton store kernels."""
+        if self.dtype.itemsize == 1:
+            limit = torch.finfo(self.dtype).max
+            return x.float().clamp(-limit, limit).to(self.dtype)
+        return x.to(self.dtype)
 
     def memory_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -65,8 +65,13 @@ class AttentionConfig:
     max_slots: int
     max_pages_per_seq: int
     max_model_len: int
-    dtype: torch.dtype  # activations and KV cache
+    dtype: torch.dtype  # activations (q, k, v, output)
     device: torch.device
+    kv_dtype: torch.dtype | None = None  # KV cache elements; None: as dtype (fp8: half the bytes)
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return self.kv_dtype or self.dtype
 
 
 @dataclass

@@ -16,8 +16,10 @@ concurrently); `prepare_for_replay` re-plans that wrapper, which refills the sta
 and copies the step's out_loc into a static buffer too: the KV store (ours or the layer's fused
 one, which reads `store_loc()`) is captured in the graph.
 
-Only fp16/bf16 and head_dim 64/128/256 (what FlashInfer 0.6.4 builds kernels for) are accepted;
-anything else is refused with a ValueError when the backend is built, not inside a step.
+Only fp16/bf16 activations and head_dim 64/128/256 (what FlashInfer 0.6.4 builds kernels for) are
+accepted; anything else is refused with a ValueError when the backend is built, not inside a step.
+An fp8 KV cache (e4m3/e5m2, scale 1.0) is read by the "flashinfer" (fa2) kernels, which upcast it
+on load; "fa3" and "trtllm" want q in fp8 too and refuse it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ _WORKSPACE_BYTES = 256 * 1024 * 1024  # FlashInfer's split-K scratch (it recomme
 # JIT, and fp32 has no kernel at all (a KeyError deep inside plan()); refuse them at start-up.
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _import_flashinfer() -> Any:
@@ -87,6 +90,7 @@ class FlashInferBackend(AttentionBackend):
     workspace_bytes: ClassVar[int] = _WORKSPACE_BYTES
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = SUPPORTED_DTYPES
     supported_head_dims: ClassVar[tuple[int, ...]] = SUPPORTED_HEAD_DIMS
+    supports_fp8_kv: ClassVar[bool] = True
 
     @classmethod
     def check_available(cls, device: torch.device) -> None:
@@ -102,7 +106,10 @@ class FlashInferBackend(AttentionBackend):
         self._workspace = torch.zeros(self.workspace_bytes, dtype=torch.uint8, device=c.device)
         group = c.num_qo_heads // c.num_kv_heads
         tc = self.decode_tensor_cores
-        self._tensor_cores = group >= 4 if tc is None else tc
+        # Tensor cores win for GQA groups >= 4, and for any group over an fp8 cache (whose
+        # CUDA-core kernel is compute-bound: bench/gpu_tune_decode.py, 321 vs 304 us a layer).
+        fp8 = c.cache_dtype in FP8_KV_DTYPES
+        self._tensor_cores = (group >= 4 or fp8) if tc is None else tc
         self._prefill = fi.BatchPrefillWithPagedKVCacheWrapper(
             self._workspace, "NHD", backend=self.prefill_impl)
         self._decode = self._new_decode_wrapper()
@@ -120,6 +127,12 @@ class FlashInferBackend(AttentionBackend):
                 f"attention backend {name!r} does not support dtype "
                 f"{str(c.dtype).removeprefix('torch.')}; it supports {allowed} (use --dtype "
                 f"bfloat16, or --attention-backend triton or torch)")
+        kv = c.cache_dtype
+        if kv != c.dtype and not (kv in FP8_KV_DTYPES and self.supports_fp8_kv):
+            raise ValueError(
+                f"attention backend {name!r} cannot read a {str(kv).removeprefix('torch.')} KV "
+                f"cache with {str(c.dtype).removeprefix('torch.')} activations (use "
+                f"--attention-backend flashinfer or triton, or --kv-cache-dtype auto)")
         if c.head_dim not in self.supported_head_dims:
             allowed = ", ".join(map(str, self.supported_head_dims))
             raise ValueError(
@@ -151,7 +164,7 @@ class FlashInferBackend(AttentionBackend):
         indptr, indices, last = _layout(batch, c.device)
         wrapper.plan(indptr, indices, last, c.num_qo_heads,
                      c.num_kv_heads, c.head_dim, c.page_size, q_data_type=c.dtype,
-                     kv_data_type=c.dtype, sm_scale=c.scale, **self._plan_extra(batch))
+                     kv_data_type=c.cache_dtype, sm_scale=c.scale, **self._plan_extra(batch))
 
     def prepare(self, batch: ForwardBatch) -> None:
         c = self.config
@@ -172,7 +185,7 @@ class FlashInferBackend(AttentionBackend):
         self._prefill.plan(qo_indptr, indptr, indices, last,
                            c.num_qo_heads, c.num_kv_heads, c.head_dim, c.page_size,
                            causal=True, sm_scale=c.scale, q_data_type=c.dtype,
-                           kv_data_type=c.dtype, **self._plan_extra(batch))
+                           kv_data_type=c.cache_dtype, **self._plan_extra(batch))
         self._active = self._prefill
 
     def store_loc(self) -> torch.Tensor | None:
@@ -226,6 +239,7 @@ class FA3Backend(FlashInferBackend):
     prefill_impl = "fa3"
     decode_impl = "fa3"
     decode_tensor_cores = True
+    supports_fp8_kv = False
 
     @classmethod
     def check_available(cls, device: torch.device) -> None:
@@ -246,6 +260,7 @@ class TrtllmBackend(FlashInferBackend):
     prefill_impl = "trtllm-gen"
     decode_impl = "trtllm-gen"
     decode_tensor_cores = True
+    supports_fp8_kv = False
 
     @classmethod
     def check_available(cls, device: torch.device) -> None:

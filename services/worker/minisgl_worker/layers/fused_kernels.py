@@ -133,6 +133,16 @@ def _rope_heads_(ptr, s1, x1, x2, inv, w1, w2, cos, sin, H: tl.constexpr, HALF: 
 
 
 @triton.jit
+def _to_cache(x, cache_ptr, CACHE_MAX: tl.constexpr):
+    """x in the KV cache's element type; CACHE_MAX > 0 (an fp8 cache): clamped to its finite
+    range first, so a large activation saturates instead of becoming inf/NaN."""
+    if CACHE_MAX > 0:
+        xf = x.to(tl.float32)
+        x = tl.minimum(tl.maximum(xf, -CACHE_MAX), CACHE_MAX)
+    return x.to(cache_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _qk_norm_rope_store_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, kc_ptr, vc_ptr, loc_ptr,
     n_tokens, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_s0,
@@ -140,6 +150,7 @@ def _qk_norm_rope_store_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_NORM: tl.constexpr, TOKENS: tl.constexpr, BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    CACHE_MAX: tl.constexpr = 0.0,
 ):
     # One layer's attention prologue for TOKENS tokens per program: q heads normed + rotated in
     # place; k heads normed + rotated in place and into the K cache; v copied into the V cache.
@@ -179,7 +190,7 @@ def _qk_norm_rope_store_kernel(
                 page, off = loc // PAGE_SIZE, loc % PAGE_SIZE
                 kc = kc_ptr + page * kc_s0 + off * kc_s1 + hk * kc_s2 + d
                 km = (hk < HK) & dm
-                tl.store(kc, y1.to(kc_ptr.dtype.element_ty), mask=km)
-                tl.store(kc + HALF, y2.to(kc_ptr.dtype.element_ty), mask=km)
+                tl.store(kc, _to_cache(y1, kc_ptr, CACHE_MAX), mask=km)
+                tl.store(kc + HALF, _to_cache(y2, kc_ptr, CACHE_MAX), mask=km)
                 tl.store(vc_ptr + page * vc_s0 + off * vc_s1 + hk * vc_s2 + dv,
-                         vals.to(vc_ptr.dtype.element_ty), mask=vm)
+                         _to_cache(vals, vc_ptr, CACHE_MAX), mask=vm)

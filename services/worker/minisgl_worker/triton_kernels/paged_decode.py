@@ -9,12 +9,17 @@ sequence lengths change; a row with seq_len 0 (a padded graph row) yields zeros.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
-_TARGET_PROGRAMS = 256  # stage-1 programs worth launching for a full GPU (~2 per SM)
+# Stage-1 programs worth launching: a full batch (256 x 8 KV heads) still gains from 2 splits
+# on an H100 (bench/gpu_tune_decode.py: 2 splits + 128-token blocks, 359 -> 291 us a layer with
+# an fp8 cache, 409 -> 397 us bf16; Qwen3-0.6B shapes, ~1k-token contexts).
+_TARGET_PROGRAMS = 4096
 _MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 
@@ -62,7 +67,7 @@ def _decode_split_kernel(
         off = t % PAGE_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + page[:, None] * stride_kp + off[:, None] * stride_kt
-                    + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+                    + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         qk = tl.where(t_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -70,7 +75,7 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + page[:, None] * stride_vp + off[:, None] * stride_vt
-                    + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+                    + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -108,6 +113,16 @@ def _decode_merge_kernel(
              out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+@functools.cache
+def _default_block_n(device: torch.device, row_bytes: int) -> int:
+    """KV tokens per loop step: 128 where two pipeline stages of K and V tiles that long fit in
+    shared memory (Hopper, Ampere A100), 64 elsewhere (and on CPU, under the interpreter)."""
+    if device.type != "cuda":
+        return 64
+    smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    return 128 if 2 * 2 * 128 * row_bytes <= smem * 3 // 4 else 64
+
+
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
     """Enough splits to fill the GPU when the batch is small, never slices under a few hundred
     tokens; a power of two so that few variants get compiled."""
@@ -119,8 +134,9 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  page_table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
                  sm_scale: float, num_splits: int, out: torch.Tensor | None = None,
-                 block_n: int = 64, workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 ) -> torch.Tensor:
+                 block_n: int | None = None,
+                 workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """q [B, H, D] -> [B, H, D]. rows [B]: page-table row of each request; seq_lens [B] int32:
     KV tokens (the current token's K/V already stored). `workspace` (partial outputs
     [B, H, S, D] fp32, lse [B, H, S] fp32) may be preallocated for CUDA graphs."""
@@ -138,6 +154,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     else:
         part_o, part_lse = workspace[0][:batch], workspace[1][:batch]
     block_d = triton.next_power_of_2(head_dim)
+    if block_n is None:
+        block_n = _default_block_n(q.device, k_cache.element_size() * block_d)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, part_o, part_lse,
@@ -150,7 +168,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         part_lse.stride(0), part_lse.stride(1),
         PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-        PRECISION=precision, num_warps=4, num_stages=2,
+        PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
     )
     _decode_merge_kernel[(batch, num_heads)](
         part_o, part_lse, out, num_splits,

@@ -65,7 +65,7 @@ def _extend_kernel(
         off = t % PAGE_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + page[:, None] * stride_kp + off[:, None] * stride_kt
-                    + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+                    + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = t_mask[None, :] & (t[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
@@ -75,7 +75,7 @@ def _extend_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + page[:, None] * stride_vp + off[:, None] * stride_vt
-                    + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+                    + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 

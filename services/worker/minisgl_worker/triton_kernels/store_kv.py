@@ -17,7 +17,7 @@ def _store_kv_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcp, stride_kct, stride_kch, stride_vcp, stride_vct, stride_vch,
     PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, CACHE_MAX: tl.constexpr = 0.0,
 ):
     t = tl.program_id(0)
     loc = tl.load(loc_ptr + t).to(tl.int64)
@@ -31,6 +31,9 @@ def _store_kv_kernel(
     src = t.to(tl.int64)
     k = tl.load(k_ptr + src * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + src * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+    if CACHE_MAX > 0:  # an fp8 cache: saturate instead of overflowing to inf/NaN
+        k = tl.minimum(tl.maximum(k.to(tl.float32), -CACHE_MAX), CACHE_MAX)
+        v = tl.minimum(tl.maximum(v.to(tl.float32), -CACHE_MAX), CACHE_MAX)
     tl.store(k_cache_ptr + page * stride_kcp + off * stride_kct + h[:, None] * stride_kch
              + d[None, :], k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + page * stride_vcp + off * stride_vct + h[:, None] * stride_vch
@@ -50,5 +53,6 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         PAGE_SIZE=k_cache.shape[1], NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        CACHE_MAX=float(torch.finfo(k_cache.dtype).max) if k_cache.element_size() == 1 else 0.0,
         num_warps=1 if num_kv_heads * head_dim <= 256 else 4,
     )
