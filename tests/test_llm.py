@@ -88,3 +88,19 @@ def test_bad_prompts_raise_clear_errors(llm: LLM) -> None:
         llm.generate([[5] * 5000], SamplingParams(max_tokens=4))
     assert llm.scheduler.stats().used_pages == 0
     assert not llm.scheduler.has_work()
+
+
+def test_fp8_kv_cache_through_the_scheduler(tiny_model_path: Path) -> None:
+    """An fp8 KV cache under the real scheduler: preemption, recomputation, chunking and prefix
+    hits give the same greedy tokens as a roomy fp8 pool (each token's K/V rounds to the same
+    fp8 values whichever way it is computed), and every page comes back."""
+    fp8 = dict(ENGINE, kv_cache_dtype="fp8_e4m3")
+    with LLM(tiny_model_path, num_pages=1024, **fp8) as roomy:  # type: ignore[arg-type]
+        assert roomy.engine.pool.k[0].dtype == torch.float8_e4m3fn
+        want = _outputs(roomy)
+    with LLM(tiny_model_path, num_pages=14, max_prefill_tokens=6, decode_reserve_ratio=0.0,
+             max_queued_requests=3, **fp8) as squeezed:  # type: ignore[arg-type]
+        assert _outputs(squeezed) == want
+        stats = squeezed.scheduler.stats()
+    assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0
+    assert stats.used_pages == 0
