@@ -75,6 +75,7 @@ def test_logits_close_to_a_full_precision_cache(tiny_model, name: str, tol: floa
         eng.forward_logits(first)
         logits[kv] = eng.forward_logits(second).float()
         assert eng.pool.k[0].dtype == (FP8[name] if kv != "auto" else torch.float32)
+        assert eng.info().kv_cache_dtype == str(eng.pool.k[0].dtype).removeprefix("torch.")
         eng.close()
     ref, got = logits["auto"], logits[name]
     err = ((got - ref).norm() / ref.norm()).item()

@@ -85,6 +85,7 @@ def test_bad_step_answered_with_error_and_stream_lives(served: tuple[Engine, str
         assert list(responses) == []  # the server ends the stream after the client does
         info = stub.GetWorkerInfo(worker_pb2.GetWorkerInfoRequest())
         assert info.attention_backend == "torch" and info.max_slots == 4
+        assert info.kv_cache_dtype == "float32"  # CPU default: the activation dtype
 
 
 def test_columnar_decodes_round_trip() -> None:

@@ -90,6 +90,7 @@ class WorkerInfo:
     attention_backend: str = "torch"
     # The worker reads columnar decode entries (StepRequest.decodes); set by the proto layer.
     columnar_decodes: bool = False
+    kv_cache_dtype: str = ""  # "bfloat16", "float8_e4m3fn", ... ("" from an older worker)
 
 
 class StepExecutor:

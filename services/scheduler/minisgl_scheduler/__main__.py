@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> None:
                           step_timeout=ns.step_timeout)
     scheduler = Scheduler(client, config)
     info = scheduler.info
-    log.info("worker %s: model %s, %d pages x %d tokens, %d slots, context %d", ns.worker,
-             info.model_name, info.num_pages, info.page_size, info.max_slots, info.max_model_len)
+    log.info("worker %s: model %s, %d pages x %d tokens (%s), %d slots, context %d", ns.worker,
+             info.model_name, info.num_pages, info.page_size, info.kv_cache_dtype or "?",
+             info.max_slots, info.max_model_len)
     metrics = SchedulerMetrics.get() if ns.metrics_port else None
     service = SchedulerService(scheduler, metrics).start()
     host = ServiceHost("scheduler", ns.host, ns.port, metrics_port=ns.metrics_port or None)

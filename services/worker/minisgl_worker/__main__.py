@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     engine = Engine(config)
     try:
         info = engine.info()
-        log.info("serving %s: %d pages x %d tokens, %d slots, context %d, %s on %s",
-                 info.model_name, info.num_pages, info.page_size, info.max_slots,
-                 info.max_model_len, info.attention_backend, info.device)
+        log.info("serving %s: %d pages x %d tokens (%s), %d slots, context %d, %s on %s",
+                 info.model_name, info.num_pages, info.page_size, info.kv_cache_dtype,
+                 info.max_slots, info.max_model_len, info.attention_backend, info.device)
         service = WorkerService(engine)
         host = ServiceHost("worker", ns.host, ns.port, metrics_port=ns.metrics_port or None)
         host.add(worker_pb2_grpc.add_WorkerServicer_to_server, service, "minisgl.v1.Worker")

@@ -162,7 +162,8 @@ class Engine(StepExecutor):
             page_size=self.config.page_size, max_model_len=self.max_model_len,
             max_slots=self.config.max_slots, vocab_size=mc.vocab_size,
             eos_token_ids=list(mc.eos_token_ids), tp_size=self.config.tp_size,
-            device=str(self.device), attention_backend=describe(self.backend))
+            device=str(self.device), attention_backend=describe(self.backend),
+            kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."))
 
     def launch(self, plan: StepPlan) -> None:
         if self._closed:
