@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -24,22 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 for sub in ("services/worker", "libs/minisgl_core"):
     sys.path.insert(0, str(ROOT / sub))
 
+from gpu_check_attention import time_ms  # noqa: E402  (bench/ is sys.path[0] when run)
 from minisgl_worker.triton_kernels import paged_decode as pd  # noqa: E402
 
 DEV = torch.device("cuda")
 
 
-def time_us(fn, iters: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends, strict=True):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return 1000 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+def time_us(fn: Callable[[], object]) -> float:
+    return 1000 * time_ms(fn, iters=30)
 
 
 def main() -> int:

@@ -75,12 +75,19 @@ def test_scheduling_choices_never_change_greedy_outputs(llm: LLM, tiny_model_pat
     # A pool too small for the batch, tiny prefill chunks and a queue shorter than the batch:
     # preemption, recomputation, chunking, prefix hits and Overloaded retries all happen, and the
     # tokens stay the same.
-    with LLM(tiny_model_path, num_pages=14, max_prefill_tokens=6, decode_reserve_ratio=0.0,
-             max_queued_requests=3, **ENGINE) as squeezed:  # type: ignore[arg-type]
-        assert _outputs(squeezed) == overlapped
+    assert _squeezed_outputs(tiny_model_path, ENGINE) == overlapped
+
+
+def _squeezed_outputs(path: Path, engine: dict) -> list[tuple[list[int], str]]:
+    """_outputs from an LLM whose pool, prefill chunks and queue are all too small for the
+    batch; checks that preemption and prefix hits happened and every page came back."""
+    with LLM(path, num_pages=14, max_prefill_tokens=6, decode_reserve_ratio=0.0,
+             max_queued_requests=3, **engine) as squeezed:  # type: ignore[arg-type]
+        outs = _outputs(squeezed)
         stats = squeezed.scheduler.stats()
     assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0
     assert stats.used_pages == 0
+    return outs
 
 
 def test_bad_prompts_raise_clear_errors(llm: LLM) -> None:
@@ -98,9 +105,4 @@ def test_fp8_kv_cache_through_the_scheduler(tiny_model_path: Path) -> None:
     with LLM(tiny_model_path, num_pages=1024, **fp8) as roomy:  # type: ignore[arg-type]
         assert roomy.engine.pool.k[0].dtype == torch.float8_e4m3fn
         want = _outputs(roomy)
-    with LLM(tiny_model_path, num_pages=14, max_prefill_tokens=6, decode_reserve_ratio=0.0,
-             max_queued_requests=3, **fp8) as squeezed:  # type: ignore[arg-type]
-        assert _outputs(squeezed) == want
-        stats = squeezed.scheduler.stats()
-    assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0
-    assert stats.used_pages == 0
+    assert _squeezed_outputs(tiny_model_path, fp8) == want
