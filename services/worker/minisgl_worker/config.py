@@ -17,6 +17,12 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
+def kv_saturation(dtype: torch.dtype) -> float:
+    """The largest finite value of a one-byte (fp8) KV cache element, where stores clamp;
+    0.0 for wider types, which are stored as cast."""
+    return float(torch.finfo(dtype).max) if dtype.itemsize == 1 else 0.0
+
+
 @dataclass
 class EngineConfig:
     model_path: str

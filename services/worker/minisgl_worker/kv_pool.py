@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from .config import kv_saturation
 from .layers import fused_ops
 
 
@@ -79,8 +80,8 @@ class KVPool:
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         """x in the cache's element type; an fp8 cache saturates at its finite range (a plain
         cast can give inf or NaN), like the Triton store kernels."""
-        if self.dtype.itemsize == 1:
-            limit = torch.finfo(self.dtype).max
+        limit = kv_saturation(self.dtype)
+        if limit:
             return x.float().clamp(-limit, limit).to(self.dtype)
         return x.to(self.dtype)
 

@@ -17,6 +17,8 @@ from types import ModuleType
 
 import torch
 
+from ..config import kv_saturation
+
 _HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
 
@@ -133,13 +135,7 @@ def qk_norm_rope_store_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), d, eps,
         HQ=hq, HK=hk, HALF=d // 2, PAGE_SIZE=k_cache.shape[1], HAS_NORM=has_norm,
         TOKENS=tokens, BLOCK_HQ=_pow2(hq), BLOCK_HK=_pow2(hk), BLOCK_D=_pow2(d),
-        BLOCK_HALF=_pow2(d // 2), CACHE_MAX=cache_clamp(k_cache), num_warps=4)
-
-
-def cache_clamp(cache: torch.Tensor) -> float:
-    """The finite range of an fp8 KV cache (values are clamped to it before the cast); 0.0: no
-    clamp (fp16/bf16/fp32 caches)."""
-    return float(torch.finfo(cache.dtype).max) if cache.element_size() == 1 else 0.0
+        BLOCK_HALF=_pow2(d // 2), CACHE_MAX=kv_saturation(k_cache.dtype), num_warps=4)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..config import kv_saturation
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -53,6 +55,6 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         PAGE_SIZE=k_cache.shape[1], NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-        CACHE_MAX=float(torch.finfo(k_cache.dtype).max) if k_cache.element_size() == 1 else 0.0,
+        CACHE_MAX=kv_saturation(k_cache.dtype),
         num_warps=1 if num_kv_heads * head_dim <= 256 else 4,
     )
