@@ -43,6 +43,7 @@ from minisgl_worker.attention.base import (  # noqa: E402
     ForwardBatch,
 )
 from minisgl_worker.attention.torch_backend import TorchBackend  # noqa: E402
+from minisgl_worker.config import KV_CACHE_DTYPES  # noqa: E402
 from minisgl_worker.kv_pool import KVPool  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
@@ -303,10 +304,9 @@ def main() -> int:
     p.add_argument("--page-sizes", default="16,1")
     p.add_argument("--tol", type=float, default=2e-2)
     p.add_argument("--json", default=None)
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3", "fp8_e5m2"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPES])
     args = p.parse_args()
-    kv_dtype = {"auto": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn,
-                "fp8_e5m2": torch.float8_e5m2}[args.kv_cache_dtype]
+    kv_dtype = KV_CACHE_DTYPES.get(args.kv_cache_dtype, torch.bfloat16)
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 2
