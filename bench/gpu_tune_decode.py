@@ -42,6 +42,7 @@ def main() -> int:
     p.add_argument("--min-len", type=int, default=200)
     p.add_argument("--max-len", type=int, default=2000)
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--splits", default="1,2", help="split counts to sweep (small batches: more)")
     args = p.parse_args()
     hq, hkv = map(int, args.heads.split(","))
     d, ps, bs = args.head_dim, args.page_size, args.batch
@@ -71,7 +72,7 @@ def main() -> int:
         name = str(kv_dtype).removeprefix("torch.")
         results = []
         for splits, block_n, warps, stages in itertools.product(
-                (1, 2), (32, 64, 128), (2, 4, 8), (2, 3)):
+                map(int, args.splits.split(",")), (32, 64, 128), (2, 4, 8), (2, 3)):
             try:
                 us = time_us(partial(pd.paged_decode, q, kc, vc, table_d, rows, lens_d,
                                      d ** -0.5, splits, block_n=block_n, num_warps=warps,

@@ -96,7 +96,13 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
     llm = LLM(args.model, **kwargs)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
               for n in out_lens]
-    llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=8))  # warm-up: JIT, graphs
+    # Warm-up on other prompts of the same shape (no prefix in common with the timed ones):
+    # JIT-compiled kernel variants that only long prefill chunks and shrinking batches reach
+    # would otherwise compile inside the timed run (a fresh machine's first run was 5-10 %
+    # slower than the next).
+    warm_prompts, _ = workload(32, seed=1)
+    llm.generate(warm_prompts, [SamplingParams(temperature=args.temperature, ignore_eos=True,
+                                               max_tokens=1 + i % 16) for i in range(32)])
     start = time.perf_counter()
     results = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start

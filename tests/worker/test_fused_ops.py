@@ -74,5 +74,65 @@ def test_silu_and_mul(rows: int, inter: int) -> None:
     torch.testing.assert_close(fused_ops.silu_and_mul(x), silu_and_mul(x))
 
 
+@pytest.mark.parametrize("n, k, config", [
+    (40, 256, None),            # the default launch shape: one K step
+    (37, 100, None),            # ragged rows and K (masks)
+    (19, 300, (4, 64, 4, 2)),   # several K steps, a partial last one
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_matches_linear(n: int, k: int, config: tuple[int, int, int, int] | None,
+                             bias: bool) -> None:
+    x, w = _randn(1, k), _randn(n, k)
+    b = _randn(n) if bias else None
+    got = fused_ops.gemv(x, w, b, config=config)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemv_folds_silu_and_mul(dtype: torch.dtype) -> None:
+    """The down projection's input computed in the kernel, rounded as silu_and_mul stores it."""
+    inter, n = 96, 24
+    gate_up, w = _randn(1, 2 * inter).to(dtype), (0.1 * _randn(n, inter)).to(dtype)
+    want = torch.nn.functional.linear(silu_and_mul(gate_up).float(), w.float())
+    got = fused_ops.gemv(gate_up, w, silu_mul=True, config=(8, 32, 4, 2))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3)
+
+
+def test_gemv_on_strided_weight_rows() -> None:
+    w = _randn(12, 80)[:, :64]  # a column slice: rows 80 apart
+    x = _randn(1, 64)
+    torch.testing.assert_close(fused_ops.gemv(x, w), x @ w.T, rtol=1e-5, atol=1e-4)
+
+
+def test_mlp_and_lm_head_route_one_row_through_gemv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch-1 plumbing (what a CUDA device gets): linear layers and the LM head call the
+    kernel for one row, the MLP folds SiLU-and-mul into down_proj; same result as torch."""
+    from minisgl_worker.layers.embedding import ParallelLMHead
+    from minisgl_worker.layers.mlp import GatedMLP
+
+    calls: list[bool] = []
+    real = fused_ops.gemv
+
+    def spy(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+            silu_mul: bool = False, config: tuple[int, int, int, int] | None = None
+            ) -> torch.Tensor:
+        calls.append(silu_mul)
+        return real(x, w, bias, silu_mul, config)
+
+    mlp, head = GatedMLP(64, 96), ParallelLMHead(50, 64)
+    for p in [*mlp.parameters(), *head.parameters()]:
+        p.data.copy_(0.1 * _randn(*p.shape))
+    x = _randn(1, 64)
+    want_mlp, want_logits = mlp(x), head(x)
+    monkeypatch.setattr(fused_ops, "gemv", spy)
+    monkeypatch.setattr(fused_ops, "gemv_usable", lambda t: t.shape[0] == 1)
+    torch.testing.assert_close(mlp(x), want_mlp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(head(x), want_logits, rtol=1e-5, atol=1e-5)
+    assert calls == [False, True, False]  # gate_up, down (SiLU folded in), LM head
+    mlp(_randn(2, 64))  # two rows: cuBLAS
+    assert len(calls) == 3
+
+
 def test_layers_use_torch_on_cpu() -> None:
     assert not fused_ops.usable(torch.zeros(1))  # CPU serving never goes through the kernels

@@ -77,6 +77,26 @@ def test_decode_matches_reference(page_size: int, num_heads: int, num_kv_heads: 
         torch.testing.assert_close(out, expect, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_decode_over_fp8_cache_in_fp16(q_dtype: torch.dtype, kv_dtype: torch.dtype):
+    """A 16-bit q over an fp8 cache: the kernel's products run in fp16 (K/V upcast exactly);
+    within fp16 rounding of the probabilities of the exact result over the cached values."""
+    lens = [1, 37, 70, 16]
+    pool = Pool(lens, 4, 2, seed=5)
+    pool.k, pool.v = pool.k.to(kv_dtype), pool.v.to(kv_dtype)
+    q = torch.randn(len(lens), 4, HEAD_DIM, generator=torch.Generator().manual_seed(3))
+    q = q.to(q_dtype)
+    scale = HEAD_DIM**-0.5
+    expect = torch.stack([reference(q[b : b + 1].float(), *(x.float() for x in pool.kv_of(b)),
+                                    lens[b] - 1, scale)[0] for b in range(len(lens))])
+    out = paged_decode.paged_decode(q, pool.k, pool.v, pool.table, pool.rows,
+                                    torch.tensor(lens, dtype=torch.int32), scale, num_splits=2,
+                                    block_n=16)
+    assert out.dtype == q_dtype
+    torch.testing.assert_close(out.float(), expect, atol=1e-2, rtol=1e-2)
+
+
 def test_decode_zero_length_row_and_workspace():
     """A padded row (seq_len 0) gives zeros; a preallocated, larger workspace is used as is."""
     lens = [9, 3]

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_gather_last, all_reduce, tp
+from . import fused_ops
 from .weights import WeightSource, check_shape, new_param, read, set_loader, src_shape
 
 
@@ -45,5 +46,5 @@ class ParallelLMHead(VocabParallelEmbedding):
         fp32=False in the activation dtype, for the sampler, which upcasts only where it must
         (at a large decode batch the fp32 copy alone is a full extra pass over the logits). The
         activation-dtype logits may be a strided view that cuts off the padded vocabulary."""
-        logits = all_gather_last(F.linear(hidden, self.weight))[:, : self.vocab_size]
+        logits = all_gather_last(fused_ops.linear(hidden, self.weight))[:, : self.vocab_size]
         return logits.float() if fp32 else logits

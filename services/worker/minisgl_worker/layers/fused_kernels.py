@@ -194,3 +194,31 @@ def _qk_norm_rope_store_kernel(
                 tl.store(kc + HALF, _to_cache(y2, kc_ptr, CACHE_MAX), mask=km)
                 tl.store(vc_ptr + page * vc_s0 + off * vc_s1 + hk * vc_s2 + dv,
                          _to_cache(vals, vc_ptr, CACHE_MAX), mask=vm)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, k, stride_w, HAS_BIAS: tl.constexpr,
+                 SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[n] = sum_k w[n, k] * x[k] (+ b[n]) for BLOCK_N rows of w per program; with SILU_MUL x
+    is the [gate | up] row of length 2k and the input is silu(gate) * up, rounded to the
+    activation dtype as _silu_mul_kernel stores it. fp32 accumulation."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        c = k0 + cols
+        c_mask = c < k
+        if SILU_MUL:
+            g = tl.load(x_ptr + c, mask=c_mask, other=0.0).to(tl.float32)
+            u = tl.load(x_ptr + k + c, mask=c_mask, other=0.0).to(tl.float32)
+            xv = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            xv = tl.load(x_ptr + c, mask=c_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_w + c[None, :],
+                    mask=row_mask[:, None] & c_mask[None, :], other=0.0)
+        acc += w.to(tl.float32) * xv[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)

@@ -1,5 +1,6 @@
 """Triton kernels for the elementwise parts of a layer: (residual-add +) RMSNorm, rotary
-embedding in place, SiLU-and-mul, and the attention prologue (q/k norm + rotary + KV store).
+embedding in place, SiLU-and-mul, and the attention prologue (q/k norm + rotary + KV store);
+and the one-row matrix-vector product of a batch-1 decode step (SiLU-and-mul folded in).
 
 In plain torch each of these is 5-15 small kernels; at decode batch sizes a layer is dominated by
 them (thousands of tiny launches per step, even inside a CUDA graph). One kernel each instead.
@@ -147,4 +148,51 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = min(1024, _pow2(n))
     _k()._silu_mul_kernel[(x.shape[0], -(-n // block))](x, out, x.stride(0), out.stride(0), n,
                                                           BLOCK=block, num_warps=4)
+    return out
+
+
+# Launch shape of the one-row product, from a sweep on an H100 (bench/gpu_bench_gemv.py --sweep,
+# Qwen3-8B shapes): two rows of w per 4-warp program and 1,024 columns a loop step, more
+# pipeline stages for the long (down_proj) and the many-row (LM head, gate_up) products.
+_GEMV_BLOCK_N, _GEMV_BLOCK_K, _GEMV_WARPS = 2, 1024, 4
+
+
+def gemv_usable(x: torch.Tensor) -> bool:
+    """A one-row product worth our kernel: cuBLAS picks split-K GEMM kernels for M = 1 that
+    read the weights at 2.1-2.8 TB/s, where a plain row-per-lane GEMV streams them at 2.5-3.2
+    (bs=1 decode reads every weight once a token, so this is its speed). Two rows and up stay
+    with cuBLAS, which serves them at the same cost as one."""
+    return (x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and usable(x)
+            and x.dtype in (torch.bfloat16, torch.float16))
+
+
+def gemv_config(n_rows: int, k: int, silu_mul: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for w [n_rows, k]. With SiLU-and-mul folded in
+    every program recomputes the activation of its K columns: fewer, wider programs (4 rows,
+    2 warps) keep that work small."""
+    if silu_mul:
+        return 4, min(_GEMV_BLOCK_K, _pow2(k)), 2, 2
+    stages = 4 if k >= 8192 or n_rows >= 65536 else 3 if n_rows >= 16384 else 2
+    return _GEMV_BLOCK_N, min(_GEMV_BLOCK_K, _pow2(k)), _GEMV_WARPS, stages
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, through `gemv` for a single CUDA row."""
+    if gemv_usable(x):
+        return gemv(x, w, bias)
+    return torch.nn.functional.linear(x, w, bias)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+         silu_mul: bool = False, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """x [1, K] (or [1, 2K] with silu_mul: the [gate | up] row) @ w[N, K].T (+ bias) -> [1, N]
+    in x's dtype. w rows may be strided (last dim dense)."""
+    n_rows, k = w.shape
+    assert x.shape == (1, 2 * k if silu_mul else k) and w.stride(-1) == 1, (x.shape, w.shape)
+    out = torch.empty(1, n_rows, dtype=x.dtype, device=x.device)
+    block_n, block_k, warps, stages = config or gemv_config(n_rows, k, silu_mul)
+    b = bias if bias is not None else w
+    _k()._gemv_kernel[(-(-n_rows // block_n),)](
+        x, w, b, out, n_rows, k, w.stride(0), HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
     return out

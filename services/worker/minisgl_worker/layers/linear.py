@@ -8,10 +8,10 @@ features and all-reduces the partial sums; its bias is added once, after the red
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, shard, tp
+from . import fused_ops
 from .weights import WeightSource, check_shape, default_loader, new_param, read, set_loader, src_shape
 
 
@@ -22,7 +22,7 @@ class ReplicatedLinear(nn.Module):
         self.bias = set_loader(new_param(out_features), default_loader) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return fused_ops.linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -47,7 +47,7 @@ class ColumnParallelLinear(nn.Module):
         param.data.narrow(0, self.offsets[i], n).copy_(read(src, 0, tp().rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return fused_ops.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -63,6 +63,10 @@ class RowParallelLinear(nn.Module):
         n = self.in_local
         param.data.copy_(read(src, 1, tp().rank * n, n))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = all_reduce(F.linear(x, self.weight))
+    def forward(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+        """With silu_mul x is a [gate | up] row and the input is silu(gate) * up, computed
+        inside the one-row product (the caller checks fused_ops.gemv_usable(x))."""
+        y = fused_ops.gemv(x, self.weight, silu_mul=True) if silu_mul else fused_ops.linear(
+            x, self.weight)
+        out = all_reduce(y)
         return out + self.bias if self.bias is not None else out

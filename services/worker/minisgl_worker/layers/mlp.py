@@ -24,4 +24,7 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        if fused_ops.gemv_usable(gate_up):  # batch-1 decode: SiLU-and-mul inside down_proj
+            return self.down_proj(gate_up, silu_mul=True)
+        return self.down_proj(silu_and_mul(gate_up))

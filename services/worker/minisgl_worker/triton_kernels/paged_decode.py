@@ -5,6 +5,12 @@ all query heads of that KV head (GQA heads share each K/V load), and leaves a no
 output and its log-sum-exp (base 2). Stage 2: program (b, head) merges the splits. A split with no
 tokens leaves lse = -inf and weighs nothing, so the split count can be fixed for a CUDA graph while
 sequence lengths change; a row with seq_len 0 (a padded graph row) yields zeros.
+
+Two things keep an fp8 cache's loop near its (halved) byte count: the page ids of the next block
+are loaded one iteration ahead, so the K/V loads never wait on the page-table load; and fp8 K/V
+are upcast to fp16 (one conversion instruction, exact for both fp8 formats) with q in fp16 too,
+instead of to bf16 (bench/gpu_tune_decode.py on an H100, Qwen3-0.6B shape, B=256: 292 -> 260 us
+a layer; bf16 caches 386 -> 384, they were at the copy bandwidth already).
 """
 
 from __future__ import annotations
@@ -17,8 +23,7 @@ import triton.language as tl
 
 _LOG2E = 1.4426950408889634
 # Stage-1 programs worth launching: a full batch (256 x 8 KV heads) still gains from 2 splits
-# on an H100 (bench/gpu_tune_decode.py: 2 splits + 128-token blocks, 359 -> 291 us a layer with
-# an fp8 cache, 409 -> 397 us bf16; Qwen3-0.6B shapes, ~1k-token contexts).
+# on an H100 (bench/gpu_tune_decode.py, Qwen3-0.6B shapes, ~1k-token contexts).
 _TARGET_PROGRAMS = 4096
 _MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
@@ -36,7 +41,7 @@ def _decode_split_kernel(
     stride_lb, stride_lh,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, MMA_FP16: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -54,16 +59,21 @@ def _decode_split_kernel(
     d_mask = d < HEAD_DIM
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    if MMA_FP16:  # fp8 K/V: products in fp16 (q clamped to its range; never reached in practice)
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     n = tl.arange(0, BLOCK_N)
+    table_row = page_table_ptr + row * stride_pt
+    next_page = tl.load(table_row + (start + n) // PAGE_SIZE, mask=start + n < end, other=0)
     for s in range(start, end, BLOCK_N):
         t = s + n
         t_mask = t < end
-        page = tl.load(page_table_ptr + row * stride_pt + t // PAGE_SIZE, mask=t_mask, other=0)
-        page = page.to(tl.int64)
+        page = next_page.to(tl.int64)
+        t_next = t + BLOCK_N
+        next_page = tl.load(table_row + t_next // PAGE_SIZE, mask=t_next < end, other=0)
         off = t % PAGE_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + page[:, None] * stride_kp + off[:, None] * stride_kt
@@ -113,14 +123,17 @@ def _decode_merge_kernel(
              out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+_BLOCK_N = 64  # KV tokens per loop step
+
+
 @functools.cache
-def _default_block_n(device: torch.device, row_bytes: int) -> int:
-    """KV tokens per loop step: 128 where two pipeline stages of K and V tiles that long fit in
-    shared memory (Hopper, Ampere A100), 64 elsewhere (and on CPU, under the interpreter)."""
+def _default_stages(device: torch.device, row_bytes: int) -> int:
+    """Pipeline stages of the K/V loads: 3 where three K and V tiles fit in shared memory with
+    room to spare (Hopper, Ampere A100), else 2."""
     if device.type != "cuda":
-        return 64
+        return 2
     smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
-    return 128 if 2 * 2 * 128 * row_bytes <= smem * 3 // 4 else 64
+    return 3 if 3 * 2 * _BLOCK_N * row_bytes <= smem * 3 // 4 else 2
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
@@ -134,9 +147,9 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  page_table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
                  sm_scale: float, num_splits: int, out: torch.Tensor | None = None,
-                 block_n: int | None = None,
+                 block_n: int = _BLOCK_N,
                  workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                 num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
     """q [B, H, D] -> [B, H, D]. rows [B]: page-table row of each request; seq_lens [B] int32:
     KV tokens (the current token's K/V already stored). `workspace` (partial outputs
     [B, H, S, D] fp32, lse [B, H, S] fp32) may be preallocated for CUDA graphs."""
@@ -154,9 +167,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     else:
         part_o, part_lse = workspace[0][:batch], workspace[1][:batch]
     block_d = triton.next_power_of_2(head_dim)
-    if block_n is None:
-        block_n = _default_block_n(q.device, k_cache.element_size() * block_d)
+    if num_stages is None:
+        num_stages = _default_stages(q.device, k_cache.element_size() * block_d)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    mma_fp16 = k_cache.element_size() == 1 and q.dtype in (torch.bfloat16, torch.float16)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, part_o, part_lse,
         sm_scale * _LOG2E, num_splits,
@@ -168,7 +182,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         part_lse.stride(0), part_lse.stride(1),
         PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-        PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+        PRECISION=precision, MMA_FP16=mma_fp16, num_warps=num_warps, num_stages=num_stages,
     )
     _decode_merge_kernel[(batch, num_heads)](
         part_o, part_lse, out, num_splits,
