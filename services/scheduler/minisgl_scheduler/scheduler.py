@@ -115,16 +115,8 @@ class Scheduler:
         return events
 
     def stats(self) -> SchedulerStats:
-        c, kv = self._counters, self.kv
-        return SchedulerStats(
-            running=len(self.running), waiting=len(self.waiting),
-            inflight_steps=len(self.inflight), total_pages=kv.num_pages,
-            free_pages=kv.free_pages, cached_pages=kv.cached_pages,
-            used_pages=kv.num_pages - kv.free_pages - kv.cached_pages,
-            prefix_hit_tokens=c["hit"], prefix_query_tokens=c["query"], preemptions=c["preempt"],
-            prefill_tokens=c["prefill"], decode_tokens=c["decode"], steps=c["steps"],
-            finished=c["done"],
-        )
+        return SchedulerStats.of(len(self.running), len(self.waiting), len(self.inflight),
+                                 self.kv, self._counters)
 
     def check_invariants(self) -> None:
         """Page accounting and ref counts (tests; cheap enough for a debug flag)."""

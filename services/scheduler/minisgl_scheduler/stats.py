@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minisgl_scheduler.kv import KVManager
 
 
 @dataclass(slots=True)
@@ -29,3 +33,16 @@ class SchedulerStats:
     @property
     def kv_usage(self) -> float:
         return self.used_pages / self.total_pages if self.total_pages else 0.0
+
+    @classmethod
+    def of(cls, running: int, waiting: int, inflight_steps: int, kv: KVManager,
+           counters: dict[str, int]) -> SchedulerStats:
+        """From the scheduler's queues, its KV manager and its counters."""
+        c = counters
+        return cls(running=running, waiting=waiting, inflight_steps=inflight_steps,
+                   total_pages=kv.num_pages, free_pages=kv.free_pages,
+                   cached_pages=kv.cached_pages,
+                   used_pages=kv.num_pages - kv.free_pages - kv.cached_pages,
+                   prefix_hit_tokens=c["hit"], prefix_query_tokens=c["query"],
+                   preemptions=c["preempt"], prefill_tokens=c["prefill"],
+                   decode_tokens=c["decode"], steps=c["steps"], finished=c["done"])
