@@ -9,8 +9,8 @@ sequence lengths change; a row with seq_len 0 (a padded graph row) yields zeros.
 Two things keep an fp8 cache's loop near its (halved) byte count: the page ids of the next block
 are loaded one iteration ahead, so the K/V loads never wait on the page-table load; and fp8 K/V
 are upcast to fp16 (one conversion instruction, exact for both fp8 formats) with q in fp16 too,
-instead of to bf16 (bench/gpu_tune_decode.py on an H100, Qwen3-0.6B shape, B=256: 292 -> 260 us
-a layer; bf16 caches 386 -> 384, they were at the copy bandwidth already).
+instead of to bf16 (an H100, Qwen3-0.6B shape, B=256, ~1k contexts: 292 -> 256-260 us a layer;
+a bf16 cache stays at ~390 us, the copy bandwidth; docs/benchmarks.md, fifth session).
 """
 
 from __future__ import annotations
