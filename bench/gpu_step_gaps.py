@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from offline import workload  # noqa: E402
+from offline import warm_up, workload  # noqa: E402
 
 
 def bucket(num_reqs: int, num_decodes: int, prefill_tokens: int) -> str:
@@ -47,9 +47,7 @@ def main() -> int:
     llm = LLM(args.model, load_format="dummy", max_running_requests=256,
               attention_backend=args.attention_backend, kv_cache_dtype=args.kv_cache_dtype)
     prompts, outs = workload(256)
-    warm, _ = workload(32, seed=1)
-    llm.generate(warm, [SamplingParams(temperature=args.temperature, ignore_eos=True,
-                                       max_tokens=1 + i % 16) for i in range(32)])
+    warm_up(llm, args.temperature)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
               for n in outs]
     engine = llm.engine

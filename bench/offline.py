@@ -15,6 +15,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -30,6 +31,18 @@ def workload(num_seqs: int = 256, max_input: int = 1024, max_output: int = 1024,
                for _ in range(num_seqs)]
     outputs = [random.randint(100, max_output) for _ in range(num_seqs)]
     return prompts, outputs
+
+
+def warm_up(llm: Any, temperature: float) -> None:
+    """Run 32 other prompts of the workload's shape (no prefix in common with the timed ones):
+    JIT-compiled kernel variants that only long prefill chunks and shrinking batches reach would
+    otherwise compile inside the timed run (a fresh machine's first run was 5-10 % slower than
+    the next)."""
+    from minisgl_core.sampling import SamplingParams
+
+    prompts, _ = workload(32, seed=1)
+    llm.generate(prompts, [SamplingParams(temperature=temperature, ignore_eos=True,
+                                          max_tokens=1 + i % 16) for i in range(32)])
 
 
 def main() -> int:
@@ -96,13 +109,7 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
     llm = LLM(args.model, **kwargs)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
               for n in out_lens]
-    # Warm-up on other prompts of the same shape (no prefix in common with the timed ones):
-    # JIT-compiled kernel variants that only long prefill chunks and shrinking batches reach
-    # would otherwise compile inside the timed run (a fresh machine's first run was 5-10 %
-    # slower than the next).
-    warm_prompts, _ = workload(32, seed=1)
-    llm.generate(warm_prompts, [SamplingParams(temperature=args.temperature, ignore_eos=True,
-                                               max_tokens=1 + i % 16) for i in range(32)])
+    warm_up(llm, args.temperature)
     start = time.perf_counter()
     results = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
