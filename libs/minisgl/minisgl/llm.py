@@ -6,6 +6,10 @@
 
 Keyword arguments named like a `SchedulerConfig` field configure the scheduler; every other one
 goes to the worker's `EngineConfig` (dtype, page size, memory, attention backend, ...).
+
+Like the services, a constructed `LLM` freezes the objects alive at that point out of the cyclic
+garbage collector's generations (minisgl_core.gc_pause: full collections walking the model and
+its imports would pause the step loop for tens of ms); `close()` hands them back.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from minisgl_core.gc_pause import freeze_startup_objects, thaw
 from minisgl_core.sampling import SamplingParams
 from minisgl_scheduler import Overloaded, Scheduler, SchedulerConfig, SchedulerError
 from tokenizers import Tokenizer
@@ -41,6 +46,7 @@ class LLM:
             self.engine.close()
             raise
         self._next_rid = 0
+        freeze_startup_objects()
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids
@@ -109,6 +115,7 @@ class LLM:
 
     def close(self) -> None:
         self.scheduler.close()
+        thaw()
 
     def __enter__(self) -> LLM:
         return self

@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from minisgl_core.gc_pause import freeze_startup_objects, thaw
 from minisgl_core.metrics import start_metrics_server
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ class ServiceHost:
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.metrics_port:
             start_metrics_server(self.metrics_port)
+        # Everything the service built before serving lives as long as the process.
+        freeze_startup_objects()
         log.info("%s listening on %s (metrics :%s)", self.name, self.address, self.metrics_port)
         return self.bound_port
 
@@ -100,6 +103,7 @@ class ServiceHost:
             except Exception:  # a failing hook must not keep the process alive
                 log.exception("drain hook failed")
         self.server.stop(grace=max(0.0, deadline - time.monotonic())).wait()
+        thaw()  # so that exiting frees them (native bindings such as Triton's check for leaks)
         log.info("%s stopped", self.name)
 
     def serve_forever(self, drain_timeout: float = 30.0) -> None:

@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, replace
 
 import torch
+from minisgl_core.gc_pause import freeze_startup_objects, thaw
 
 from . import distributed as dist
 from .config import EngineConfig
@@ -61,6 +62,7 @@ def follower_main(config: EngineConfig, log_level: int = logging.INFO) -> None:
     from .engine import Engine
 
     engine = Engine(config)
+    freeze_startup_objects()  # as rank 0's ServiceHost does: a pause here stalls every rank
     try:
         while True:
             plan = dist.broadcast_object(None)
@@ -78,6 +80,7 @@ def follower_main(config: EngineConfig, log_level: int = logging.INFO) -> None:
     finally:
         engine._closed = True
         dist.destroy_tp()
+        thaw()
 
 
 def stop_followers(followers: Followers, timeout: float = 30.0) -> None:
