@@ -84,9 +84,8 @@ def test_hybrid_routes_prefill_and_decode(tiny_model) -> None:  # noqa: ANN001
 def test_auto_decodes_with_triton_where_flashinfer_was_picked() -> None:
     fp8 = AttentionConfig(4, 2, 16, 0.25, 4, 2, 8, 32, torch.bfloat16, CPU,
                           kv_dtype=torch.float8_e4m3fn)
-    assert auto_decode_name("flashinfer", fp8) == "triton"
-    assert auto_decode_name("flashinfer", _config()) == "triton"
-    assert auto_decode_name("triton", _config()) == "triton"  # no FlashInfer installed
-    assert auto_decode_name("torch", fp8) == "torch"  # CPU: the reference backend throughout
+    assert auto_decode_name("flashinfer") == "triton"
+    assert auto_decode_name("triton") == "triton"  # no FlashInfer installed
+    assert auto_decode_name("torch") == "torch"  # CPU: the reference backend throughout
     pool = KVPool(1, 8, 4, 2, 16, torch.float8_e4m3fn, CPU, 2, 8)
     assert describe(create_backend("auto", fp8, pool)) == "torch"

@@ -96,17 +96,14 @@ class HybridBackend(AttentionBackend):
         self.decode.prepare_for_replay(batch)
 
 
-def auto_decode_name(base: str, config: AttentionConfig) -> str:
+def auto_decode_name(base: str) -> str:
     """What 'auto' decodes with: `base`, except that where FlashInfer was the pick our Triton
     split-K kernel decodes. Per layer on an H100 (bench/gpu_tune_decode.py-style timings, ~1k
     contexts) it is within 1-3 % of FlashInfer's tensor-core decode at batch 64-256 with a bf16
     cache, 1.7x faster at batch 16, faster than its CUDA-core decode everywhere, and ~15 % faster
     over an fp8 cache (FlashInfer's fp8 decode is compute-bound); bs=1 Qwen3-8B 167.7 vs 163.7
     tok/s. FlashInfer still prefills."""
-    del config  # the same pick for every cache type, kept for callers that vary it
-    if base == "flashinfer":
-        return "triton"
-    return base
+    return "triton" if base == "flashinfer" else base
 
 
 def create_backend(name: str, config: AttentionConfig, pool: KVPool,
@@ -117,8 +114,10 @@ def create_backend(name: str, config: AttentionConfig, pool: KVPool,
     p_name = resolve_name(prefill, device) if prefill else base
     if decode:
         d_name = resolve_name(decode, device)
+    elif name == "auto":
+        d_name = auto_decode_name(base)
     else:
-        d_name = auto_decode_name(base, config) if name == "auto" else base
+        d_name = base
     p_cls, d_cls = backend_class(p_name, device), backend_class(d_name, device)
     p = p_cls(config, pool)
     if d_name == p_name:
