@@ -33,3 +33,32 @@ def test_tp2_equals_tp1(tiny_model, arch: str) -> None:  # noqa: ANN001
     logits2, tokens2 = _run(path, 2)
     torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=1e-4)
     assert tokens2 == tokens1
+
+
+def test_close_releases_graphs_before_leaving_the_tp_group(tiny_model, monkeypatch) -> None:  # noqa: ANN001
+    """NCCL will not abort a communicator that a live CUDA graph captured (on the H200 pair the
+    teardown sat in ncclCommAbort until the process died): the graphs must go first. CPU has no
+    graphs, so a recorder stands in for the runner; the follower is a real process that must
+    leave with status 0."""
+    from minisgl_worker import tp_workers
+
+    order: list[str] = []
+
+    class GraphRecorder:
+        def release(self) -> None:
+            order.append("graphs released")
+
+    real_stop = tp_workers.stop_followers
+
+    def stop(followers: tp_workers.Followers, timeout: float = 30.0) -> None:
+        order.append("followers stopped")
+        real_stop(followers, timeout)
+
+    monkeypatch.setattr(tp_workers, "stop_followers", stop)
+    engine = Engine(EngineConfig(model_path=str(tiny_model("qwen3")), page_size=PAGE,
+                                 num_pages=64, max_slots=4, tp_size=2))
+    procs = list(engine._followers.procs)
+    engine.graph_runner = GraphRecorder()
+    engine.close()
+    assert order == ["graphs released", "followers stopped"]
+    assert [p.wait(30) for p in procs] == [0]

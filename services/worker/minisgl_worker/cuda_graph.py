@@ -179,3 +179,14 @@ class CudaGraphRunner:
             return self._forward(bs)[:b]
         self._graphs[bs].replay()
         return self._outputs[bs][:b]
+
+    def release(self) -> None:
+        """Destroy the captured graphs now. NCCL keeps a reference on its communicator for every
+        graph that captured one of its collectives and will not tear the communicator down while
+        any is alive (TP shutdown sat in ncclCommAbort until the process died)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for graph in self._graphs.values():
+            graph.reset()
+        self._graphs.clear()
+        self._outputs.clear()

@@ -201,11 +201,10 @@ class Engine(StepExecutor):
             return
         self._closed = True
         self._inflight.clear()
-        if self._followers is not None:
-            from .tp_workers import stop_followers
-
-            stop_followers(self._followers)
-            self._followers = None
+        # Graphs go before the TP group: NCCL does not tear down a communicator that a live
+        # graph captured (the followers do the same before they leave, see tp_workers).
+        if self.graph_runner is not None:
+            self.graph_runner.release()
         # Drop the big tensors now rather than whenever the engine object is collected, so an
         # in-process caller can build the next engine in the memory this one held.
         for name in ("graph_runner", "backend", "model", "pool", "sampler", "last_tokens"):
@@ -213,6 +212,11 @@ class Engine(StepExecutor):
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        if self._followers is not None:
+            from .tp_workers import stop_followers
+
+            stop_followers(self._followers)
+            self._followers = None
 
     # -- one step on this rank --------------------------------------------------------------------
 

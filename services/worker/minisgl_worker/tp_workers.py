@@ -78,7 +78,7 @@ def follower_main(config: EngineConfig, log_level: int = logging.INFO) -> None:
             except Exception:  # rank 0 fails the step too; keep serving the next plans
                 log.exception("rank %d: step %s failed", config.tp_rank, plan.step_id)
     finally:
-        engine._closed = True
+        engine.close()  # its CUDA graphs first: NCCL will not abort a communicator they captured
         dist.destroy_tp()
         thaw()
 
