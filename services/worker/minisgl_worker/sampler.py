@@ -162,11 +162,13 @@ class Sampler:
                 self._d_stop = self._upload(self._h_stop)
             else:
                 self._d_stop[idx] = self._upload(self._h_stop[idx_h])
-            self._d_out_len[idx] = 0
+            # index_fill_, not `t[idx] = 0`: that uploads the scalar with a blocking copy, which
+            # made the host wait for the GPU on every step that admitted a request.
+            self._d_out_len.index_fill_(0, idx, 0)
             if self._seen is not None:
-                self._seen[idx] = False
+                self._seen.index_fill_(0, idx, False)
             if self._counts is not None:
-                self._counts[idx] = 0
+                self._counts.index_fill_(0, idx, 0)
             self._dirty.clear()
         if self._pending_seen:
             assert self._seen is not None
