@@ -175,7 +175,8 @@ class Sampler:
             rows = [s for s, ids in self._pending_seen.items() for _ in ids]
             cols = [t for ids in self._pending_seen.values() for t in ids]
             index = self._upload(torch.tensor([rows, cols], dtype=torch.int64))
-            self._seen[index[0], index[1]] = True
+            self._seen.index_put_((index[0], index[1]),  # not `= True`: a blocking upload
+                                  torch.ones(len(rows), dtype=torch.bool, device=self.device))
             self._pending_seen.clear()
         if self._pending_counts:
             assert self._counts is not None
@@ -286,7 +287,7 @@ class Sampler:
         self._n_out_len_view[host_slots] += 1
         self._d_out_len.index_add_(0, slots, torch.ones_like(slots))
         if self._seen is not None:
-            self._seen[slots, tokens] = True
+            self._seen.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.bool))
         if self._counts is not None:
             self._counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32),
                                     accumulate=True)
