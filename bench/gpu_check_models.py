@@ -62,7 +62,7 @@ def logits_of(engine, ps: list[list[int]]) -> torch.Tensor:
 
 
 def check_backend(model: str, backend: str, ref: torch.Tensor | None, max_len: int,
-                  dtype: str = "auto") -> tuple[dict, torch.Tensor]:
+                  dtype: str = "auto", quantization: str = "none") -> tuple[dict, torch.Tensor]:
     from minisgl_worker.engine import Engine, EngineConfig
 
     prefill, _, decode = backend.partition("+")
@@ -70,7 +70,7 @@ def check_backend(model: str, backend: str, ref: torch.Tensor | None, max_len: i
                        page_size=PAGE,
                        num_pages=2048, max_slots=BS, cuda_graph_max_bs=BS,
                        max_model_len=max_len, attention_backend=prefill,
-                       decode_attention_backend=decode or None)
+                       decode_attention_backend=decode or None, quantization=quantization)
     t0 = time.perf_counter()
     engine = Engine(cfg)
     rec: dict = {"init_s": round(time.perf_counter() - t0, 1),

@@ -37,6 +37,7 @@ def main() -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"])
     p.add_argument("--temperature", type=float, default=0.6)
     args = p.parse_args()
 
@@ -45,7 +46,8 @@ def main() -> int:
     from minisgl_core.sampling import SamplingParams
 
     llm = LLM(args.model, load_format="dummy", max_running_requests=256,
-              attention_backend=args.attention_backend, kv_cache_dtype=args.kv_cache_dtype)
+              attention_backend=args.attention_backend, kv_cache_dtype=args.kv_cache_dtype,
+              quantization=args.quantization)
     prompts, outs = workload(256)
     warm_up(llm, args.temperature)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)

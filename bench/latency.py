@@ -26,6 +26,7 @@ def main() -> int:
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"])
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--decode-tokens", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3)
@@ -37,7 +38,8 @@ def main() -> int:
 
     llm = LLM(args.model, load_format=args.load_format, tp_size=args.tp_size,
               attention_backend=args.attention_backend,
-              disable_cuda_graph=args.disable_cuda_graph, cache="naive")
+              disable_cuda_graph=args.disable_cuda_graph, cache="naive",
+              quantization=args.quantization)
     rng = random.Random(0)
     prompt = [rng.randint(0, 10000) for _ in range(args.prompt_len)]
     greedy = dict(temperature=0.0, ignore_eos=True)
@@ -57,12 +59,14 @@ def main() -> int:
 
     record = {"model": Path(args.model).name, "tp": args.tp_size,
               "backend": args.attention_backend, "cuda_graph": not args.disable_cuda_graph,
+              "quantization": args.quantization,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "ttft_ms_1k": round(1000 * statistics.median(ttfts), 2),
               "decode_tok_s_bs1": round(statistics.median(decode_rates), 1)}
     if torch.cuda.is_available():
         bw = measure_hbm_bandwidth()
-        floor = ModelShape.from_config(args.model, tp_size=args.tp_size).weight_bytes / bw
+        floor = ModelShape.from_config(args.model, tp_size=args.tp_size,
+                                       fp8_weights=args.quantization == "fp8").weight_bytes / bw
         record.update({"hbm_tb_s": round(bw / 1e12, 2), "roofline_tok_s": round(1 / floor, 1),
                        "pct_of_roofline": round(100 * record["decode_tok_s_bs1"] * floor, 1)})
     print(json.dumps(record))

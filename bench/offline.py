@@ -56,6 +56,8 @@ def main() -> int:
     p.add_argument("--page-size", type=int, default=None)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3", "fp8_e5m2"],
                    help="fp8: KV cache in one byte per element (the roofline reads 1 byte too)")
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                   help="fp8: dense projections as fp8 rows (the roofline reads 1 byte a weight)")
     p.add_argument("--max-running-requests", type=int, default=256)
     p.add_argument("--max-prefill-tokens", type=int, default=None)
     p.add_argument("--disable-overlap", action="store_true")
@@ -99,7 +101,7 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
                   attention_backend=args.attention_backend, cache=args.cache,
                   disable_overlap=args.disable_overlap, disable_cuda_graph=args.disable_cuda_graph,
                   max_running_requests=args.max_running_requests,
-                  kv_cache_dtype=args.kv_cache_dtype,
+                  kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
                   decode_attention_backend=args.decode_attention_backend,
                   prefill_attention_backend=args.prefill_attention_backend)
     if args.page_size:
@@ -124,7 +126,7 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         "model": Path(args.model).name, "tp": args.tp_size, "backend": args.attention_backend,
         "decode_backend": args.decode_attention_backend,
         "overlap": not args.disable_overlap, "cache": args.cache,
-        "kv_cache_dtype": args.kv_cache_dtype,
+        "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
         "cuda_graph": not args.disable_cuda_graph,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "input_tokens": sum(map(len, prompts)), "output_tokens": produced,
@@ -132,7 +134,8 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
     }
     if bw:
         shape = ModelShape.from_config(args.model, tp_size=args.tp_size,
-                                       kv_dtype_bytes=1 if args.kv_cache_dtype != "auto" else None)
+                                       kv_dtype_bytes=1 if args.kv_cache_dtype != "auto" else None,
+                                       fp8_weights=args.quantization == "fp8")
         floor = roofline_seconds(shape, [len(x) for x in prompts], out_lens, bw,
                                  args.tflops * 1e12)
         record.update({"hbm_tb_s": round(bw / 1e12, 2),

@@ -21,6 +21,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"])
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
@@ -42,7 +44,8 @@ def main() -> int:
 
     llm = LLM(args.model, load_format="dummy", attention_backend=args.attention_backend,
               disable_overlap=args.disable_overlap, cache="naive",
-              max_running_requests=args.batch)
+              max_running_requests=args.batch, kv_cache_dtype=args.kv_cache_dtype,
+              quantization=args.quantization)
     rng = random.Random(0)
     top = min(10000, llm.engine.info().vocab_size - 1)
     prompts = [[rng.randint(0, top) for _ in range(args.prompt_len)] for _ in range(args.batch)]

@@ -24,6 +24,9 @@ class ModelShape:
     experts_per_tok: int = 0
     expert_bytes: int = 0  # one expert's weights, all layers (this rank's share)
     kv_dtype_bytes: int | None = None  # KV cache element size; None: dtype_bytes (fp8 cache: 1)
+    # --quantization fp8: the share of active_params in fp8 projections, which prefill runs at
+    # twice the bf16 rate (weight_bytes already counts them at one byte each)
+    fp8_param_share: float = 0.0
 
     def step_weight_bytes(self, batch: int) -> float:
         """Weights one decode step of `batch` requests reads. MoE: the expected number of
@@ -42,7 +45,9 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, path: str | Path, dtype_bytes: int = 2, tp_size: int = 1,
-                    kv_dtype_bytes: int | None = None) -> ModelShape:
+                    kv_dtype_bytes: int | None = None, fp8_weights: bool = False) -> ModelShape:
+        """fp8_weights: the dense projections (attention, and the MLP of dense models) are
+        one byte a weight (--quantization fp8); embeddings, the LM head and experts are not."""
         cfg = json.loads((Path(path) / "config.json").read_text())
         h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
         heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads",
@@ -60,10 +65,12 @@ class ModelShape:
             mlp_active = 3 * h * cfg["intermediate_size"]
         embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
         active = layers * (attn + mlp_active) + embed
+        fp8 = layers * (attn + (0 if moe else mlp_active)) if fp8_weights else 0
+        weight_bytes = (active - fp8) * dtype_bytes + fp8
         return cls(num_layers=layers, num_kv_heads=max(1, kv_heads // tp_size),
-                   head_dim=head_dim, weight_bytes=active * dtype_bytes // tp_size,
+                   head_dim=head_dim, weight_bytes=weight_bytes // tp_size,
                    active_params=active // tp_size, dtype_bytes=dtype_bytes,
-                   kv_dtype_bytes=kv_dtype_bytes, **moe)
+                   kv_dtype_bytes=kv_dtype_bytes, fp8_param_share=fp8 / active, **moe)
 
 
 def roofline_seconds(shape: ModelShape, prompt_lens: list[int], output_lens: list[int],
@@ -77,7 +84,8 @@ def roofline_seconds(shape: ModelShape, prompt_lens: list[int], output_lens: lis
     # Step i decodes every request with more than i outputs to make.
     weight_bytes = sum(shape.step_weight_bytes(sum(1 for o in output_lens if o > i))
                        for i in range(steps))
-    prefill_flops = 2 * shape.active_params * sum(prompt_lens)
+    # fp8 projections run at twice the bf16 rate: count their FLOPs at half weight
+    prefill_flops = 2 * shape.active_params * sum(prompt_lens) * (1 - shape.fp8_param_share / 2)
     parts = {
         "kv_s": kv_bytes / hbm_bytes_per_s,
         "weights_s": weight_bytes / hbm_bytes_per_s,

@@ -1,5 +1,5 @@
 """The paged-attention and KV-store Triton kernels under the interpreter (CPU), fp32, against an
-exact torch reference: ragged lengths, page sizes 1/4/16, GQA, chunked prefixes, split-K."""
+exact torch reference: ragged lengths, page sizes 1-128, GQA, chunked prefixes, split-K."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double()).float()
 
 
-@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("page_size", [1, 4, 16, 64, 128])  # 64, 128: one page id a block
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 1), (6, 2)])
 def test_decode_matches_reference(page_size: int, num_heads: int, num_kv_heads: int):
     lens = [1, 37, 5, 70, 16]

@@ -15,7 +15,7 @@ from typing import Any
 from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
 from minisgl_core.logging import setup_logging
 
-from .config import KV_CACHE_DTYPES, LOAD_FORMATS, EngineConfig
+from .config import KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
 
 log = logging.getLogger("minisgl_worker")
 
@@ -25,6 +25,8 @@ _HELP = {
     "dtype": "auto (float32 on CPU, bfloat16 on GPU), float16, bfloat16 or float32",
     "kv_cache_dtype": "KV cache elements: auto (as --dtype), fp8_e4m3 or fp8_e5m2 (half the "
                       "bytes, lossy; see docs/operations.md)",
+    "quantization": "none, or fp8: dense projections stored as fp8 e4m3 with a scale per row, "
+                    "made at start-up (half the weight bytes, lossy; see docs/operations.md)",
     "device": "auto, cpu, cuda or cuda:N",
     "page_size": "tokens per KV page",
     "num_pages": "KV pages (default: GPU free memory x mem-fraction; CPU: kv-cache-tokens)",
@@ -44,7 +46,8 @@ _HELP = {
     "sampler_seed": "seed for requests without one (default: random)",
     "hf_overrides": "JSON object merged into config.json, e.g. '{\"num_hidden_layers\": 2}'",
 }
-_CHOICES = {"load_format": list(LOAD_FORMATS), "kv_cache_dtype": ["auto", *KV_CACHE_DTYPES]}
+_CHOICES = {"load_format": list(LOAD_FORMATS), "kv_cache_dtype": ["auto", *KV_CACHE_DTYPES],
+            "quantization": list(QUANTIZATIONS)}
 
 
 def build_parser() -> ServiceArgs:

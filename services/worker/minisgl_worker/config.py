@@ -14,6 +14,7 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 # KV cache element types besides "auto" (the activation dtype). fp8 halves the bytes each decode
 # step reads; values are stored unscaled (scale 1.0, like vLLM/SGLang without checkpoint scales)
 # and clamped to the type's finite range.
+QUANTIZATIONS = ("none", "fp8")  # weight formats made from the loaded weights at start-up
 KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
@@ -29,6 +30,7 @@ class EngineConfig:
     load_format: str = "auto"  # auto | safetensors | dummy (random weights from config.json)
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
     kv_cache_dtype: str = "auto"  # auto: as dtype | fp8_e4m3 | fp8_e5m2
+    quantization: str = "none"  # none | fp8: dense projections as fp8 rows (layers/fp8.py)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     page_size: int = 16
     num_pages: int | None = None  # None: GPU from free memory * mem_fraction; CPU from below
@@ -57,6 +59,9 @@ class EngineConfig:
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be auto or one of {sorted(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, "
+                             f"got {self.quantization!r}")
         if self.page_size < 1 or self.max_slots < 1:
             raise ValueError("page_size and max_slots must be >= 1")
         if self.num_pages is not None and self.num_pages < 1:

@@ -80,9 +80,10 @@ class Engine(StepExecutor):
         load_format = "safetensors" if config.load_format == "auto" else config.load_format
         t0 = time.perf_counter()
         self.model = load_model(config.model_path, mc, load_format, self.max_model_len,
-                                self.device, self.dtype, config.dummy_seed)
-        log.info("model %s loaded (%s, %s) in %.1fs", mc.architecture, self.dtype, load_format,
-                 time.perf_counter() - t0)
+                                self.device, self.dtype, config.dummy_seed,
+                                config.quantization)
+        log.info("model %s loaded (%s, %s, quantization %s) in %.1fs", mc.architecture,
+                 self.dtype, load_format, config.quantization, time.perf_counter() - t0)
         tp = config.tp_size
         heads, kv_heads = dist.shard(mc.num_heads, "heads"), dist.shard(mc.num_kv_heads, "kv heads")
         self.num_pages = self._size_kv(kv_heads)

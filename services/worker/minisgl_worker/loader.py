@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from .layers.fp8 import quantize_model
 from .model_config import ModelConfig
 from .models import CausalLM, model_class
 
@@ -97,14 +98,21 @@ def init_dummy(model: CausalLM, seed: int) -> None:
 
 
 def load_model(model_path: str | Path, cfg: ModelConfig, load_format: str, max_positions: int,
-               device: torch.device, dtype: torch.dtype, dummy_seed: int = 0) -> CausalLM:
+               device: torch.device, dtype: torch.dtype, dummy_seed: int = 0,
+               quantization: str = "none") -> CausalLM:
+    """The model with its weights; with quantization="fp8" the dense projections are then
+    turned into fp8 rows (layers/fp8.py) and the freed memory handed back to the device."""
     model = build_model(cfg, max_positions, device, dtype)
     if load_format == "dummy":
         init_dummy(model, dummy_seed)
-        return model
-    files = checkpoint_files(model_path)
-    if not files:
-        raise FileNotFoundError(
-            f"no *.safetensors in {model_path}; pass --load-format dummy for random weights")
-    load_safetensors(model, files, device)
+    else:
+        files = checkpoint_files(model_path)
+        if not files:
+            raise FileNotFoundError(
+                f"no *.safetensors in {model_path}; pass --load-format dummy for random weights")
+        load_safetensors(model, files, device)
+    if quantize_model(model, quantization):
+        log.info("quantized the dense projections to %s", quantization)
+        if device.type == "cuda":  # the KV cache is sized from free memory next
+            torch.cuda.empty_cache()
     return model

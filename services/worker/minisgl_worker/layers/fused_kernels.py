@@ -197,11 +197,13 @@ def _qk_norm_rope_store_kernel(
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, k, stride_w, HAS_BIAS: tl.constexpr,
-                 SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y[n] = sum_k w[n, k] * x[k] (+ b[n]) for BLOCK_N rows of w per program; with SILU_MUL x
-    is the [gate | up] row of length 2k and the input is silu(gate) * up, rounded to the
-    activation dtype as _silu_mul_kernel stores it. fp32 accumulation."""
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, n_rows, k, stride_w, HAS_BIAS: tl.constexpr,
+                 HAS_SCALE: tl.constexpr, SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """y[n] = sum_k w[n, k] * x[k] (* s[n]) (+ b[n]) for BLOCK_N rows of w per program; with
+    SILU_MUL x is the [gate | up] row of length 2k and the input is silu(gate) * up, rounded to
+    the activation dtype as _silu_mul_kernel stores it. HAS_SCALE: w is fp8 with one scale a
+    row (the activation stays in its dtype). fp32 accumulation."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n_rows
     cols = tl.arange(0, BLOCK_K)
@@ -219,6 +221,52 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, k, stride_w, HAS_BIAS: tl.c
                     mask=row_mask[:, None] & c_mask[None, :], other=0.0)
         acc += w.to(tl.float32) * xv[None, :]
     y = tl.sum(acc, axis=1)
+    if HAS_SCALE:
+        y *= tl.load(s_ptr + rows, mask=row_mask, other=0.0)
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _act(x_ptr, row_off, c, c_mask, k, SILU_MUL: tl.constexpr):
+    """Columns c of an activation row in fp32: x itself, or with SILU_MUL silu(gate) * up of a
+    [gate | up] row, rounded to the activation dtype as _silu_mul_kernel stores it."""
+    if SILU_MUL:
+        g = tl.load(x_ptr + row_off + c, mask=c_mask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + row_off + k + c, mask=c_mask, other=0.0).to(tl.float32)
+        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+    return tl.load(x_ptr + row_off + c, mask=c_mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, k, stride_x, stride_q, QMAX: tl.constexpr,
+                       SILU_MUL: tl.constexpr, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
+    """Dynamic per-row fp8 quantization of one activation row per program: s = max|x| / QMAX
+    (a zero row gets the smallest normal fp32 instead), q = x / s saturated at +-QMAX. With
+    ONE_PASS the row fits one BLOCK and is read once; otherwise twice (then from L1/L2)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    if ONE_PASS:
+        v = _act(x_ptr, row * stride_x, cols, cols < k, k, SILU_MUL)
+        scale = tl.maximum(tl.max(tl.abs(v), axis=0), 1.1754943508222875e-38) / QMAX
+        tl.store(s_ptr + row, scale)
+        _store_quantized(q_ptr + row * stride_q, cols, cols < k, v, scale, QMAX, BLOCK)
+    else:
+        amax = tl.zeros([BLOCK], tl.float32)
+        for k0 in range(0, k, BLOCK):
+            c = k0 + cols
+            amax = tl.maximum(amax, tl.abs(_act(x_ptr, row * stride_x, c, c < k, k, SILU_MUL)))
+        scale = tl.maximum(tl.max(amax, axis=0), 1.1754943508222875e-38) / QMAX
+        tl.store(s_ptr + row, scale)
+        for k0 in range(0, k, BLOCK):
+            c = k0 + cols
+            v = _act(x_ptr, row * stride_x, c, c < k, k, SILU_MUL)
+            _store_quantized(q_ptr + row * stride_q, c, c < k, v, scale, QMAX, BLOCK)
+
+
+@triton.jit
+def _store_quantized(q_row_ptr, c, mask, v, scale, QMAX: tl.constexpr, BLOCK: tl.constexpr):
+    v = tl.math.div_rn(v, tl.zeros([BLOCK], tl.float32) + scale)  # IEEE division, as torch
+    v = tl.minimum(tl.maximum(v, -QMAX), QMAX)
+    tl.store(q_row_ptr + c, v.to(q_row_ptr.dtype.element_ty), mask=mask)

@@ -184,15 +184,42 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-         silu_mul: bool = False, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+         silu_mul: bool = False, config: tuple[int, int, int, int] | None = None,
+         w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [1, K] (or [1, 2K] with silu_mul: the [gate | up] row) @ w[N, K].T (+ bias) -> [1, N]
-    in x's dtype. w rows may be strided (last dim dense)."""
+    in x's dtype. w rows may be strided (last dim dense). With w_scale ([N] fp32), w is fp8 and
+    row n is w[n] * w_scale[n] (layers/fp8.py)."""
     n_rows, k = w.shape
     assert x.shape == (1, 2 * k if silu_mul else k) and w.stride(-1) == 1, (x.shape, w.shape)
     out = torch.empty(1, n_rows, dtype=x.dtype, device=x.device)
     block_n, block_k, warps, stages = config or gemv_config(n_rows, k, silu_mul)
-    b = bias if bias is not None else w
+    b = bias if bias is not None else out
+    s = w_scale if w_scale is not None else out
     _k()._gemv_kernel[(-(-n_rows // block_n),)](
-        x, w, b, out, n_rows, k, w.stride(0), HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+        x, w, s, b, out, n_rows, k, w.stride(0), HAS_BIAS=bias is not None,
+        HAS_SCALE=w_scale is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps, num_stages=stages)
     return out
+
+
+_QUANT_ONE_PASS_MAX = 16384
+
+
+def quantize_rows_fp8(x: torch.Tensor, silu_mul: bool = False,
+                      qdtype: torch.dtype = torch.float8_e4m3fn
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (or [M, 2K] [gate | up] rows with silu_mul) -> (q [M, K] fp8, scale [M, 1] fp32)
+    with x ~ q * scale per row; the same arithmetic as fp8.quantize_rows (layers/fp8.py).
+    qdtype=float32 keeps q unrounded (e4m3's range still applies): tests check the arithmetic
+    that way, as the Triton interpreter's fp32 -> fp8 cast is not round-to-nearest."""
+    m, k = x.shape[0], x.shape[1] // 2 if silu_mul else x.shape[1]
+    assert x.stride(-1) == 1
+    q = torch.empty(m, k, dtype=qdtype, device=x.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    if m:  # rows up to 16k elements in one block (one read), 32 per thread at most
+        block = min(_QUANT_ONE_PASS_MAX, _pow2(k))
+        _k()._quant_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0),
+                                      QMAX=float(torch.finfo(torch.float8_e4m3fn).max),
+                                      SILU_MUL=silu_mul, BLOCK=block, ONE_PASS=block >= k,
+                                      num_warps=max(4, min(16, block // 1024)))
+    return q, scale

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..distributed import all_reduce, shard, tp
 from . import fused_ops
+from .fp8 import Fp8Linear
 from .weights import WeightSource, check_shape, default_loader, new_param, read, set_loader, src_shape
 
 
@@ -25,7 +26,7 @@ class ReplicatedLinear(nn.Module):
         return fused_ops.linear(x, self.weight, self.bias)
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(Fp8Linear):
     """out = x @ [W_0; W_1; ...]^T with each W_i (full size out_sizes[i]) split by rank.
     Checkpoint tensors load one at a time with shard_id = i (0 when there is a single one)."""
 
@@ -47,10 +48,10 @@ class ColumnParallelLinear(nn.Module):
         param.data.narrow(0, self.offsets[i], n).copy_(read(src, 0, tp().rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_ops.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(Fp8Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.in_local = shard(in_features, "input features")
@@ -64,9 +65,11 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(read(src, 1, tp().rank * n, n))
 
     def forward(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
-        """With silu_mul x is a [gate | up] row and the input is silu(gate) * up, computed
-        inside the one-row product (the caller checks fused_ops.gemv_usable(x))."""
-        y = fused_ops.gemv(x, self.weight, silu_mul=True) if silu_mul else fused_ops.linear(
-            x, self.weight)
-        out = all_reduce(y)
+        """With silu_mul x is [gate | up] rows and the input is silu(gate) * up, computed inside
+        the product: the one-row GEMV, or an fp8 layer's activation quantization (the caller,
+        GatedMLP, checks `folds_silu_mul`)."""
+        out = all_reduce(self.matmul(x, silu_mul=silu_mul))
         return out + self.bias if self.bias is not None else out
+
+    def folds_silu_mul(self, gate_up: torch.Tensor) -> bool:
+        return self.weight_scale is not None or fused_ops.gemv_usable(gate_up)

@@ -25,6 +25,6 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if fused_ops.gemv_usable(gate_up):  # batch-1 decode: SiLU-and-mul inside down_proj
+        if self.down_proj.folds_silu_mul(gate_up):  # batch-1 GEMV or fp8: SiLU-and-mul inside
             return self.down_proj(gate_up, silu_mul=True)
         return self.down_proj(silu_and_mul(gate_up))

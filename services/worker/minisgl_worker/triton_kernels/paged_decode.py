@@ -67,25 +67,39 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     n = tl.arange(0, BLOCK_N)
     table_row = page_table_ptr + row * stride_pt
-    next_page = tl.load(table_row + (start + n) // PAGE_SIZE, mask=start + n < end, other=0)
+    # Blocks start at multiples of BLOCK_N; when pages are whole multiples of it, a block lies
+    # in one page: one page id a block, and K/V addresses the compiler sees as contiguous rows.
+    WHOLE_PAGES: tl.constexpr = PAGE_SIZE % BLOCK_N == 0
+    if WHOLE_PAGES:
+        next_page = tl.load(table_row + start // PAGE_SIZE, mask=start < end, other=0)
+    else:
+        next_page = tl.load(table_row + (start + n) // PAGE_SIZE, mask=start + n < end, other=0)
     for s in range(start, end, BLOCK_N):
         t = s + n
         t_mask = t < end
-        page = next_page.to(tl.int64)
-        t_next = t + BLOCK_N
-        next_page = tl.load(table_row + t_next // PAGE_SIZE, mask=t_next < end, other=0)
         off = t % PAGE_SIZE
+        if WHOLE_PAGES:
+            kv_base = next_page.to(tl.int64) * stride_kp + off[:, None] * stride_kt
+            vv_base = next_page.to(tl.int64) * stride_vp + off[:, None] * stride_vt
+            next_page = tl.load(table_row + (s + BLOCK_N) // PAGE_SIZE, mask=s + BLOCK_N < end,
+                                other=0)
+        else:
+            page = next_page.to(tl.int64)
+            kv_base = page[:, None] * stride_kp + off[:, None] * stride_kt
+            vv_base = page[:, None] * stride_vp + off[:, None] * stride_vt
+            t_next = t + BLOCK_N
+            next_page = tl.load(table_row + t_next // PAGE_SIZE, mask=t_next < end, other=0)
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + page[:, None] * stride_kp + off[:, None] * stride_kt
-                    + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(k_ptr + kv_base + kvh * stride_kh + d[None, :], mask=kv_mask,
+                    other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         qk = tl.where(t_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + page[:, None] * stride_vp + off[:, None] * stride_vt
-                    + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_ptr + vv_base + kvh * stride_vh + d[None, :], mask=kv_mask,
+                    other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
