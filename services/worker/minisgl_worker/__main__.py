@@ -28,7 +28,7 @@ _HELP = {
     "quantization": "none, or fp8: dense projections stored as fp8 e4m3 with a scale per row, "
                     "made at start-up (half the weight bytes, lossy; see docs/operations.md)",
     "device": "auto, cpu, cuda or cuda:N",
-    "page_size": "tokens per KV page",
+    "page_size": "tokens per KV page (default: 64 on a GPU, 16 on CPU)",
     "num_pages": "KV pages (default: GPU free memory x mem-fraction; CPU: kv-cache-tokens)",
     "kv_cache_tokens": "KV cache size in tokens on CPU when --num-pages is not given",
     "mem_fraction": "share of GPU memory for weights + KV cache",

@@ -18,7 +18,7 @@ import gc
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -52,8 +52,10 @@ class _InFlight:
 
 class Engine(StepExecutor):
     def __init__(self, config: EngineConfig) -> None:
+        device = config.torch_device()
+        config = replace(config, page_size=config.resolved_page_size(device))
         self.config = config
-        self.device = config.torch_device()
+        self.device = device
         self.dtype = config.torch_dtype(self.device)
         self.kv_dtype = config.torch_kv_dtype(self.device)
         if self.device.type == "cuda":
