@@ -29,6 +29,7 @@ for sub in ("services/worker", "libs/minisgl_core", "tests", "bench"):
     sys.path.insert(0, str(ROOT / sub))
 
 import gpu_check_models  # noqa: E402
+from gpu_bench_fused_ops import graph_us  # noqa: E402
 from gpu_check_models import check_backend  # noqa: E402
 from minisgl_worker.layers import fp8, fused_ops  # noqa: E402
 
@@ -80,29 +81,13 @@ def check_kernels(model: str, device: str) -> tuple[list[dict], bool]:
     return out, ok
 
 
-def timed(fn, iters: int = 20) -> float:  # noqa: ANN001
-    """µs a call of fn(i), from a CUDA graph of `iters` calls (eager timing would measure the
-    Python launch of the Triton kernels, ~20-50 µs, not the GPU)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(iters):
-            fn(i)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return 1000 * start.elapsed_time(end) / iters
+def timed(fn) -> float:  # noqa: ANN001
+    """µs a call of fn(i), from CUDA graphs of such calls (gpu_bench_fused_ops.graph_us; eager
+    timing would measure the Python launch of the Triton kernels, ~20-50 µs, not the GPU)."""
+    return graph_us(fn, iters=5)
 
 
-def bench_projection(n: int, k: int, m: int, iters: int = 20) -> dict:
+def bench_projection(n: int, k: int, m: int) -> dict:
     """µs a call of one projection, bf16 against fp8 (quantization included)."""
     copies = max(2, -(-400 * 2**20 // (n * k * 2)))
     ws = [(0.02 * torch.randn(n, k, device="cuda")).bfloat16() for _ in range(copies)]
