@@ -47,6 +47,15 @@ def test_flag_and_config() -> None:
         build_parser().parse(["--model", "m", "--quantization", "awq"])
 
 
+def test_gpu_without_bf16_is_refused_at_start_up() -> None:
+    """On a GPU a non-bf16 model would fall back to the fp32 reference formula on every call
+    (all weights upcast each step): a clear error instead. CPU runs the reference."""
+    with pytest.raises(ValueError, match="needs --dtype bfloat16"):
+        fp8.check_supported("fp8", torch.device("cuda", 0), torch.float16)
+    fp8.check_supported("fp8", torch.device("cpu"), torch.float32)
+    fp8.check_supported("none", torch.device("cuda", 0), torch.float16)
+
+
 def test_quantize_rows_error_bound_and_zero_rows() -> None:
     """e4m3 keeps 3 mantissa bits: each element within half an ulp (2^-4 relative) of the
     original, or half the smallest subnormal (2^-10 of the scale) near zero; the row's largest

@@ -29,6 +29,7 @@ from .attention import AttentionConfig, backend_class, create_backend, describe,
 from .batch import DeviceStep, InvalidPlan, PlanBuilder
 from .config import EngineConfig
 from .kv_pool import KVPool
+from .layers.fp8 import check_supported as check_quantization
 from .loader import load_model
 from .model_config import ModelConfig
 from .sampler import Sampler
@@ -60,6 +61,7 @@ class Engine(StepExecutor):
         self.kv_dtype = config.torch_kv_dtype(self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        check_quantization(config.quantization, self.device, self.dtype)  # before any spawning
         self._followers = None
         if config.tp_size > 1:
             from .tp_workers import init_rank

@@ -14,7 +14,8 @@ our Triton GEMM computes it for decode-sized batches (layers/fp8_gemm.py) and to
 with row-wise scales for larger ones (MINISGL_FP8_GEMM=scaled_mm: for all). A one-row step
 (batch-1 decode) keeps its activation in bf16 and reads the fp8 weights in our GEMV kernel
 (fused_ops.gemv). Elsewhere (CPU, fp32 models, older GPUs) the same formula runs in fp32 torch:
-the reference the GPU path is checked against (bench/gpu_check_fp8.py) and what CPU tests run.
+the reference the GPU path is checked against (bench/gpu_check_fp8.py) and what CPU tests run;
+a GPU without fp8 tensor cores or a non-bf16 model is refused at start-up (check_supported).
 
 Left in the activation dtype: embeddings, the LM head, norms, MoE experts and the router.
 Quantization is lossy (3 mantissa bits): logits move by several percent of their range on dummy
@@ -53,6 +54,19 @@ def _silu_mul(x: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def _has_fp8_tensor_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def check_supported(method: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse at start-up what would run the slow reference formula on a GPU (it upcasts every
+    weight to fp32 on each call): fp8 there needs bf16 activations and fp8 tensor cores."""
+    if method != "fp8" or device.type != "cuda":
+        return
+    if dtype != torch.bfloat16:
+        raise ValueError(f"--quantization fp8 on a GPU needs --dtype bfloat16, got {dtype}")
+    if not _has_fp8_tensor_cores(device):
+        raise ValueError("--quantization fp8 needs fp8 tensor cores (compute capability 8.9+: "
+                         f"Ada, Hopper or newer); {torch.cuda.get_device_name(device)} has "
+                         f"{torch.cuda.get_device_capability(device)}")
 
 
 def _scaled_mm_usable(x: torch.Tensor) -> bool:
