@@ -36,6 +36,8 @@ from . import fused_ops
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _TINY = float(torch.finfo(torch.float32).tiny)  # the scale of an all-zero row
+# Read once: linear() runs for every projection of every eager step.
+_ONLY_SCALED_MM = os.environ.get("MINISGL_FP8_GEMM") == "scaled_mm"
 
 
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +90,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
 
         qx, sx = fused_ops.quantize_rows_fp8(x, silu_mul=silu_mul)
         config = fp8_gemm.config_for(qx.shape[0])
-        if fp8_gemm.usable(qx, w, config) and os.environ.get("MINISGL_FP8_GEMM") != "scaled_mm":
+        if not _ONLY_SCALED_MM and fp8_gemm.usable(qx, w, config):
             y = fp8_gemm.fp8_gemm(qx, w, sx, w_scale, x.dtype, config)
         else:
             y = torch._scaled_mm(qx, w.t(), scale_a=sx, scale_b=w_scale.view(1, -1),
