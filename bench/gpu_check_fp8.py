@@ -10,6 +10,8 @@ speed against bf16, and a model's logits and greedy tokens against its bf16 self
    cannot check the cast: the Triton interpreter does not round to nearest).
 2. µs a call, bf16 F.linear against fp8.linear (quantization included), weights cycled through
    > 400 MB so nothing stays in L2.
+2b. The norm with the quantization fused in (fused_ops.rmsnorm_quant_fp8, residual add
+   included) against the two kernels it replaces: same bytes, µs of each.
 3. Whole model (dummy weights, gpu_check_models' prompts): prefill logits of the fp8 model
    against the bf16 one, greedy agreement, and CUDA-graph decode equal to eager decode.
 Exit status 1 when a check fails.
@@ -78,6 +80,29 @@ def check_kernels(model: str, device: str) -> tuple[list[dict], bool]:
                     rec["byte_mismatch"] <= limit
             ok &= err < 1e-2  # bf16 output rounding: ~4e-3
             out.append(rec)
+    return out, ok
+
+
+def check_norm_quant(model: str) -> tuple[list[dict], bool]:
+    """Fused residual-add + RMSNorm + row quantization against rmsnorm then quantize_rows_fp8."""
+    h = shapes(model)["qkv"][1]
+    w = (1 + 0.1 * torch.randn(h, device="cuda")).bfloat16()
+    out, ok = [], True
+    for m in (7, 256, 2048):
+        x = torch.randn(m, h, device="cuda").bfloat16()
+        res = torch.randn(m, h, device="cuda").bfloat16()
+        res_a, res_b = res.clone(), res.clone()
+        q_ref, s_ref = fused_ops.quantize_rows_fp8(fused_ops.rmsnorm(x, w, 1e-6, res_a))
+        q, s = fused_ops.rmsnorm_quant_fp8(x, w, 1e-6, res_b)
+        same = bool(torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+                    and torch.equal(s, s_ref) and torch.equal(res_a, res_b))
+        ok &= same
+        # (each call adds x to res again: the timing does not depend on the values)
+        two = timed(lambda i, x=x, res=res: fused_ops.quantize_rows_fp8(
+            fused_ops.rmsnorm(x, w, 1e-6, res)))
+        one = timed(lambda i, x=x, res=res: fused_ops.rmsnorm_quant_fp8(x, w, 1e-6, res))
+        out.append({"norm_quant_rows": m, "same_bytes": same, "two_kernels_us": round(two, 1),
+                    "fused_us": round(one, 1)})
     return out, ok
 
 
@@ -196,6 +221,11 @@ def main() -> int:
     kernels, ok = check_kernels(args.model, args.device)
     for rec in kernels:
         print(json.dumps(rec))
+    if args.device == "cuda":
+        norm_recs, norm_ok = check_norm_quant(args.model)
+        ok &= norm_ok
+        for rec in norm_recs:
+            print(json.dumps(rec))
     for name, (n, k) in shapes(args.model).items():
         for m in (1, 64, 256, 2048) if args.device == "cuda" else ():
             print(json.dumps({"bench": name, **bench_projection(n, k, m)}))

@@ -9,6 +9,11 @@ in decode serving; its output must equal the eager one bit for bit). Decode size
 bandwidth (bytes of the touched experts' weights / time), prefill sizes as TFLOP/s
 (2 * T * top_k * 3 * H * I / time). --sweep times a grid of tile configs per T and prints the best,
 to re-tune `choose_config`. Exit status 1 if any fused error exceeds --tol.
+
+--fp8 adds the fp8 experts of `--quantization fp8` (fp8 rows with one scale each, inputs
+quantized per row): their error against `moe_reference`'s fp8 formula in fp32 (the kernel's own
+error, --tol applies) and against the unquantized fp32 experts (what quantization costs), their
+CUDA-graph time and its ratio to bf16's; --sweep then tunes the fp8 call.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from minisgl_worker.fused_moe import (  # noqa: E402
     choose_config,
     fused_moe_triton,
     moe_reference,
+    quantize_experts,
     route,
 )
 from roofline import measure_hbm_bandwidth  # noqa: E402
@@ -83,15 +89,18 @@ def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch
     return graph, out
 
 
-def sweep_configs(t: int) -> list[MoeConfig]:
+def sweep_configs(t: int, fp8: bool = False) -> list[MoeConfig]:
     block_ms = [16, 32] if t <= 128 else [32, 64] if t <= 512 else [64, 128]
-    up = [GemmTile(n, k, w, s) for n, k, w, s in
-          [(32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4),
-           (128, 128, 8, 2)]]
-    down = [GemmTile(n, k, w, s) for n, k, w, s in
-            [(64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 8, 3), (256, 64, 8, 3), (256, 64, 8, 4),
-             (256, 128, 8, 2)]]
-    base = choose_config(t)
+    up_tiles = [(32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 3),
+                (128, 64, 8, 4), (128, 128, 8, 2)]
+    down_tiles = [(64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 8, 3), (256, 64, 8, 3),
+                  (256, 64, 8, 4), (256, 128, 8, 2)]
+    if fp8:  # a byte a weight: the same bytes a step take twice the K
+        up_tiles += [(32, 256, 4, 4), (64, 256, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3)]
+        down_tiles += [(64, 256, 4, 4), (128, 256, 8, 3), (128, 128, 4, 4), (256, 128, 8, 3)]
+    up = [GemmTile(*tile) for tile in up_tiles]
+    down = [GemmTile(*tile) for tile in down_tiles]
+    base = choose_config(t, fp8)
     # Tune each GEMM's tile with the other at its default: the two launches are independent.
     return list(dict.fromkeys(
         [MoeConfig(bm, u, base.down) for bm, u in itertools.product(block_ms, up)]
@@ -104,6 +113,7 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--tol", type=float, default=1e-2, help="max fused rel. error vs fp32")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--fp8", action="store_true", help="also fp8 experts (see above)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -116,6 +126,10 @@ def main() -> int:
     w2_32 = torch.randn(E, H, INTER, device=dev) / INTER**0.5
     w13, w2 = w13_32.to(bf16), w2_32.to(bf16)
     expert_bytes = 3 * H * INTER * w13.element_size()
+    fp8: dict[str, torch.Tensor] = {}
+    if args.fp8:
+        (q13, s13), (q2, s2) = quantize_experts(w13), quantize_experts(w2)
+        fp8 = dict(q13=q13, q2=q2, w13_scale=s13, w2_scale=s2)
     hbm = measure_hbm_bandwidth()
     timer = Timer()
     print(f"{torch.cuda.get_device_name()}  copy bandwidth {hbm / 1e12:.2f} TB/s  "
@@ -128,6 +142,8 @@ def main() -> int:
         weights, ids = route(torch.randn(t, E, device=dev, dtype=bf16), TOP_K, True)
         want = moe_reference(x.float(), w13_32, w2_32, ids, weights.float())
         call = bind(fused_moe_triton, x, w13, w2, ids, weights)
+        if fp8:
+            call8 = _fp8_call(x, fp8, ids, weights)
         out = call()
         ref = moe_reference(x, w13, w2, ids, weights)
         err_fused, err_ref = rel_err(out, want), rel_err(ref, want)
@@ -152,8 +168,13 @@ def main() -> int:
               f"{graph_ms:>9.4f} {ref_ms:>9.3f} {ref_ms / fused_ms:>6.1f}x "
               f"{gbps:>7.0f} {100 * gbps * 1e9 / hbm:>4.0f}% {tflops:>7.1f}"
               + ("" if graph_equal else "  GRAPH OUTPUT DIFFERS"))
+        if fp8:
+            row["fp8"] = _check_fp8(x, fp8, ids, weights, want, call8, timer, args.iters,
+                                    graph_ms, touched * expert_bytes // 2)
+            ok &= row["fp8"]["err_kernel"] <= args.tol and row["fp8"]["graph_equal"]
         if args.sweep:
-            row["sweep"] = sweep(t, call, timer, max(10, args.iters // 4), fused_ms)
+            row["sweep"] = sweep(t, call8 if fp8 else call, timer, max(10, args.iters // 4),
+                                 timer(call8, args.iters) if fp8 else fused_ms, bool(fp8))
         rows.append(row)
         del graph, graph_out
     print(f"decode rows (T<={DECODE_MAX_T}): GB/s = touched experts' weights / CUDA-graph time; "
@@ -165,10 +186,41 @@ def main() -> int:
     return 0 if ok else 1
 
 
+def _fp8_call(x: torch.Tensor, fp8: dict[str, torch.Tensor], ids: torch.Tensor,
+              weights: torch.Tensor) -> Callable[..., torch.Tensor]:
+    return lambda **kw: fused_moe_triton(x, fp8["q13"], fp8["q2"], ids, weights,
+                                         w13_scale=fp8["w13_scale"], w2_scale=fp8["w2_scale"],
+                                         **kw)
+
+
+def _check_fp8(x: torch.Tensor, fp8: dict[str, torch.Tensor], ids: torch.Tensor,
+               weights: torch.Tensor, want: torch.Tensor, call: Callable[..., torch.Tensor],
+               timer: Timer, iters: int, bf16_graph_ms: float, fp8_bytes: int) -> dict:
+    """One batch with fp8 experts: kernel error (vs the fp8 formula in fp32), cost of
+    quantization (vs the unquantized fp32 reference), graph time against bf16's."""
+    out = call()
+    exact = moe_reference(x, fp8["q13"], fp8["q2"], ids, weights, w13_scale=fp8["w13_scale"],
+                          w2_scale=fp8["w2_scale"])  # the fp8 formula, in fp32 torch
+    graph, graph_out = capture(call)
+    graph.replay()
+    torch.cuda.synchronize()
+    graph_ms = timer(graph.replay, iters)
+    res = dict(err_kernel=rel_err(out, exact), err_vs_unquantized=rel_err(out, want),
+               graph_ms=graph_ms, graph_equal=torch.equal(graph_out, out),
+               speedup_vs_bf16=bf16_graph_ms / graph_ms,
+               weight_gb_per_s=fp8_bytes / (graph_ms * 1e-3) / 1e9)
+    print(f"      fp8: err kernel {res['err_kernel']:.2e}  vs unquantized "
+          f"{res['err_vs_unquantized']:.2e}  graph {graph_ms:.4f} ms ({res['speedup_vs_bf16']:.2f}x "
+          f"bf16)  {res['weight_gb_per_s']:.0f} GB/s"
+          + ("" if res["graph_equal"] else "  GRAPH OUTPUT DIFFERS"))
+    return res
+
+
 def sweep(t: int, call: Callable[..., torch.Tensor], timer: Timer, iters: int,
-          default_ms: float) -> list[dict]:
+          default_ms: float, fp8: bool = False) -> list[dict]:
+    """Eager timings (launches included: at small T they bound all configs alike)."""
     results, default_out = [], call()
-    for cfg in sweep_configs(t):
+    for cfg in sweep_configs(t, fp8):
         try:
             err = rel_err(call(config=cfg), default_out)
             ms = timer(lambda cfg=cfg: call(config=cfg), iters)

@@ -166,12 +166,16 @@ def _prefill(prompt: list[int]) -> StepPlan:
                                 new_pages=list(range(-(-len(prompt) // 4))), sample=True)])
 
 
-@pytest.mark.parametrize("arch, layers_quantized", [("qwen3", 4), ("qwen2", 4), ("qwen3_moe", 3)])
-def test_model_logits_close_to_unquantized(tiny_model, arch: str, layers_quantized: int) -> None:
-    """A whole tiny model: quantized projections (the MoE layer's experts and router stay as
-    they are), logits within ~13 % of the unquantized model's, greedy tokens mostly equal. This
-    random tiny model (weights of std 0.15) has near-ties and amplifies errors layer to layer;
-    the Qwen3 shapes on the GPU lose less (bench/gpu_check_fp8.py)."""
+@pytest.mark.parametrize("arch, layers_quantized, moe_blocks",
+                         [("qwen3", 4, 0), ("qwen2", 4, 0), ("qwen3_moe", 3, 1)])
+def test_model_logits_close_to_unquantized(tiny_model, arch: str, layers_quantized: int,
+                                           moe_blocks: int) -> None:
+    """A whole tiny model: quantized projections and MoE experts (the router stays as it is),
+    logits within ~13 % of the unquantized model's, greedy tokens mostly equal. This random tiny
+    model (weights of std 0.15) has near-ties and amplifies errors layer to layer; the Qwen3
+    shapes on the GPU lose less (bench/gpu_check_fp8.py)."""
+    from minisgl_worker.layers.moe import SparseMoeBlock
+
     path = str(tiny_model(arch))
     prompt = [(7 * i + 3) % VOCAB for i in range(23)]
     logits = {}
@@ -181,12 +185,19 @@ def test_model_logits_close_to_unquantized(tiny_model, arch: str, layers_quantiz
         n = sum(m.weight.dtype == torch.float8_e4m3fn for m in eng.model.modules()
                 if isinstance(m, fp8.Fp8Linear))
         assert n == (0 if quant == "none" else 2 * layers_quantized), n
+        moe = [m for m in eng.model.modules() if isinstance(m, SparseMoeBlock)]
+        assert len(moe) == moe_blocks
+        for block in moe:
+            assert (block.w13.dtype == torch.float8_e4m3fn) == (quant == "fp8")
+            assert (block.w2_scale is None) == (quant == "none")
+            assert block.gate.weight.dtype == torch.float32  # the router stays
         logits[quant] = eng.forward_logits(_prefill(prompt)).float()
         eng.close()
     ref, got = logits["none"], logits["fp8"]
     err = ((got - ref).norm() / ref.norm()).item()
     agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    # Measured: 0.125-0.132 and 18/23 greedy tokens equal for all three (fp8 KV alone: 0.06).
+    # Measured: 0.125-0.132 and 18/23 greedy tokens equal (qwen3_moe with fp8 experts too);
+    # fp8 KV alone: 0.06.
     # A wrong scale or layout gives errors near 1.
     assert 0 < err < 0.2, err
     assert agree >= 0.7, agree
@@ -209,3 +220,21 @@ def test_triton_gemm_equals_reference(m: int, n: int, k: int) -> None:
         got = fp8_gemm.fp8_gemm(qa, qb, sa, sb, torch.float32, config)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert fp8_gemm.config_for(1) is not None and fp8_gemm.config_for(100_000) is None
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_norm_with_quantization_fused_equals_the_two_kernels(with_residual: bool) -> None:
+    """fused_ops.rmsnorm_quant_fp8 (what a norm feeding an fp8 projection runs) writes the
+    bytes and scales of rmsnorm then quantize_rows_fp8, and the same residual sum."""
+    x = _randn(6, 96).half() * 2
+    w = (_randn(96) * 0.1 + 1).half()
+    res = _randn(6, 96).half()
+    res_a, res_b = res.clone(), res.clone()
+    normed = fused_ops.rmsnorm(x, w, 1e-6, residual=res_a if with_residual else None)
+    q_ref, s_ref = fused_ops.quantize_rows_fp8(normed)
+    q, s = fused_ops.rmsnorm_quant_fp8(x, w, 1e-6, residual=res_b if with_residual else None)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (6, 1)
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(res_a, res_b)
+    assert with_residual != torch.equal(res_b, res)  # the residual was updated in place

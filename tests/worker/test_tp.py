@@ -36,12 +36,13 @@ def test_tp2_equals_tp1(tiny_model, arch: str) -> None:  # noqa: ANN001
     assert tokens2 == tokens1
 
 
-def test_tp2_with_fp8_weights(tiny_model) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_tp2_with_fp8_weights(tiny_model, arch: str) -> None:  # noqa: ANN001
     """--quantization fp8 at TP=2: each rank quantizes its own shards (row-parallel layers, o
-    and down, get per-shard scales and per-shard activation scales), so TP=2 rounds
-    differently from TP=1 but is as close to the unquantized model (measured: 0.12 from it for
-    both; a misapplied scale or shard gives ~1)."""
-    path = tiny_model("qwen3")
+    and down, and the experts' down rows get per-shard scales; o and down per-shard activation
+    scales too), so TP=2 rounds differently from TP=1 but is as close to the unquantized model
+    (measured: 0.12-0.13 from it for both; a misapplied scale or shard gives ~1)."""
+    path = tiny_model(arch)
     ref, _ = _run(path, 1)
     fp8_1, _ = _run(path, 1, "fp8")
     fp8_2, tokens = _run(path, 2, "fp8")

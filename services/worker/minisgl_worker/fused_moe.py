@@ -10,6 +10,14 @@ The Triton path (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1) is three
 3. one grouped GEMM for down, scaled by the routing weight, into a [T, K, H] buffer that is summed
    over K (no atomic adds into the output, so results are bitwise deterministic).
 Nothing reads a device value back on the host, so the op can be captured in a CUDA graph.
+
+fp8 experts (`--quantization fp8`): w13/w2 hold float8 e4m3 rows with one fp32 scale a row
+(w13_scale [E, 2*I], w2_scale [E, H]); the GEMM inputs are quantized per row too (the hidden
+states per token before step 2, the SiLU-and-mul products per pair before step 3), so both GEMMs
+run on fp8 tensor cores and scale their fp32 sums, the formula of the dense fp8 projections
+(layers/fp8.py). Upcasting fp8 weights to bf16 inside the kernel instead (weight-only) was
+measured and dropped: at decode batches it read the bytes at ~2.2 TB/s on an H200 against
+bf16's ~3.8, and prefill batches ran at 0.6x bf16 (bench/gpu_check_moe.py --fp8).
 """
 
 from __future__ import annotations
@@ -42,15 +50,22 @@ class MoeConfig:
     down: GemmTile
 
 
-def choose_config(num_tokens: int) -> MoeConfig:
+def choose_config(num_tokens: int, fp8: bool = False) -> MoeConfig:
     """Tile sizes by batch size, for Qwen3-30B-A3B-like shapes (E=128, top-8) on an H100.
 
     With E experts and top-K, an expert sees about T*K/E rows: decode batches put 1-2 rows in a
     tile, so BLOCK_M is the tensor-core minimum and tiles are narrow to spread the weight reads
     over many SMs (memory-bound); prefill grows the tiles until the GEMMs are compute-bound. The
     table follows the shape of public tuned tables for this model; `bench/gpu_check_moe.py --sweep`
-    re-tunes it.
+    re-tunes it. fp8 experts move half the bytes a tile, so some batches take other tiles
+    (`--fp8 --sweep` on an H200).
     """
+    # fp8 at 129-256 tokens: 0.241 ms against the bf16 tiles' 0.269; 1024: 0.358 against 0.370;
+    # 4096: 0.737 against 0.99 (eager, H200)
+    if fp8 and num_tokens > 256:
+        return MoeConfig(64, GemmTile(128, 64, 8, 4), GemmTile(256, 128, 8, 3))
+    if fp8 and num_tokens > 128:
+        return MoeConfig(32, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 8, 3))
     if num_tokens <= 32:
         return MoeConfig(16, GemmTile(32, 128, 4, 4), GemmTile(64, 128, 4, 4))
     if num_tokens <= 128:
@@ -84,8 +99,40 @@ def route(router_logits: torch.Tensor, top_k: int,
     return weights.to(router_logits.dtype), ids
 
 
+FP8 = torch.float8_e4m3fn
+
+
+def quantize_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked expert weights [E, N, K] -> (fp8 [E, N, K], fp32 scale [E, N]), one scale a row
+    (max |row| / 448), one expert at a time so the fp32 copy stays one expert's size."""
+    from .layers.fp8 import quantize_rows
+
+    q = torch.empty(w.shape, dtype=FP8, device=w.device)
+    scale = torch.empty(w.shape[:2], dtype=torch.float32, device=w.device)
+    for e in range(w.shape[0]):
+        qe, se = quantize_rows(w[e])
+        q[e].copy_(qe)
+        scale[e].copy_(se.view(-1))
+    return q, scale
+
+
+def _check_scales(w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None,
+                  w2_scale: torch.Tensor | None) -> None:
+    fp8 = (w13.dtype == FP8, w2.dtype == FP8, w13_scale is not None, w2_scale is not None)
+    if not any(fp8):
+        return
+    if not all(fp8):
+        raise TypeError("fp8 experts need w13 and w2 in float8_e4m3fn and both scales")
+    assert w13_scale is not None and w2_scale is not None
+    for name, scale, w in (("w13_scale", w13_scale, w13), ("w2_scale", w2_scale, w2)):
+        if tuple(scale.shape) != tuple(w.shape[:2]) or scale.dtype != torch.float32:
+            raise ValueError(f"{name} must be fp32 {tuple(w.shape[:2])}, got "
+                             f"{scale.dtype} {tuple(scale.shape)}")
+
+
 def _check_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-                topk_weights: torch.Tensor) -> None:
+                topk_weights: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                w2_scale: torch.Tensor | None = None) -> None:
     if hidden.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError("expected hidden [T, H], w13 [E, 2I, H], w2 [E, H, I]")
     t, h = hidden.shape
@@ -98,10 +145,13 @@ def _check_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
                          f"{tuple(topk_weights.shape)} must both be [T={t}, K]")
     if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
         raise TypeError(f"topk_ids must be integer, got {topk_ids.dtype}")
-    if not (hidden.dtype.is_floating_point and hidden.dtype == w13.dtype == w2.dtype):
+    _check_scales(w13, w2, w13_scale, w2_scale)
+    if not (hidden.dtype.is_floating_point
+            and (w13_scale is not None or hidden.dtype == w13.dtype == w2.dtype)):
         raise TypeError(f"hidden, w13, w2 must share one float dtype, got "
                         f"{hidden.dtype}, {w13.dtype}, {w2.dtype}")
-    devices = {x.device for x in (hidden, w13, w2, topk_ids, topk_weights)}
+    scales = [t for t in (w13_scale, w2_scale) if t is not None]
+    devices = {x.device for x in (hidden, w13, w2, topk_ids, topk_weights, *scales)}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
     # Reading ids back costs a device sync, so only CPU tensors are range-checked here.
@@ -111,20 +161,38 @@ def _check_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
             raise ValueError(f"topk_ids must be in [0, {e}), got values in [{lo}, {hi}]")
 
 
+def _fp8_product(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (quantized per row here) times fp8 rows w [N, K] with scales [N], in fp32: the
+    formula of the fp8 kernels."""
+    from .layers.fp8 import quantize_rows
+
+    qx, sx = quantize_rows(x)
+    return (qx.float() @ w.float().t()) * sx * w_scale[None, :]
+
+
 def moe_reference(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                  topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+                  topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                  w13_scale: torch.Tensor | None = None,
+                  w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The exact semantics in plain torch, one expert at a time (the CPU path and the test oracle).
 
-    Expert matmuls run in the input dtype, as HF does; the sum over k accumulates in fp32.
+    Expert matmuls run in the input dtype, as HF does; the sum over k accumulates in fp32. fp8
+    experts: fp32 products of the row-quantized inputs and weights, the SiLU-and-mul product
+    rounded to the input dtype in between (as the kernels store it).
     """
-    _check_args(hidden, w13, w2, topk_ids, topk_weights)
+    _check_args(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale)
     inter = w13.shape[1] // 2
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     ids = topk_ids.long()
     for e in torch.unique(ids).tolist():
         token, slot = torch.where(ids == e)
-        gate, up = F.linear(hidden[token], w13[e]).split(inter, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[e])
+        if w13_scale is not None and w2_scale is not None:
+            gate, up = _fp8_product(hidden[token], w13[e], w13_scale[e]).split(inter, dim=-1)
+            act = (F.silu(gate) * up).to(hidden.dtype)
+            y = _fp8_product(act, w2[e], w2_scale[e])
+        else:
+            gate, up = F.linear(hidden[token], w13[e]).split(inter, dim=-1)
+            y = F.linear(F.silu(gate) * up, w2[e])
         out.index_add_(0, token, y.float() * topk_weights[token, slot, None].float())
     return out.to(hidden.dtype)
 
@@ -191,53 +259,77 @@ def _stages(tile: GemmTile, dtype: torch.dtype) -> int:
 def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                      topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                      config: MoeConfig | None = None,
-                     single_align_max_pairs: int = SINGLE_ALIGN_MAX_PAIRS) -> torch.Tensor:
+                     single_align_max_pairs: int = SINGLE_ALIGN_MAX_PAIRS,
+                     w13_scale: torch.Tensor | None = None,
+                     w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton path, always (CPU tensors need TRITON_INTERPRET=1 set before the first call)."""
     from . import fused_moe_kernels as kern
 
-    _check_args(hidden, w13, w2, topk_ids, topk_weights)
+    _check_args(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale)
+    fp8 = w13_scale is not None
+    # Unused by the kernels without fp8 weights; any tensor stands in for the pointers.
+    s13 = w13_scale.contiguous() if w13_scale is not None else topk_weights
+    s2 = w2_scale.contiguous() if w2_scale is not None else topk_weights
     num_tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w13.shape
     inter, top_k = two_i // 2, topk_ids.shape[1]
     num_pairs = num_tokens * top_k
     if num_pairs == 0:
         return hidden.new_zeros(hidden.shape)
-    cfg = config or choose_config(num_tokens)
+    cfg = config or choose_config(num_tokens, fp8=w13_scale is not None)
     hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
     weights = topk_weights.reshape(-1).contiguous()
     # fp32 must stay fp32: TF32 would cost ~1e-3 relative error.
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
     al = align_pairs(topk_ids, num_experts, cfg.block_m, single_align_max_pairs)
 
+    x, sx = _quantize_rows(hidden) if fp8 else (hidden, topk_weights)
     act = torch.empty(num_pairs, inter, dtype=hidden.dtype, device=hidden.device)
     t = cfg.gate_up
     grid = (al.num_tiles_m * _cdiv(inter, t.block_n),)
     kern.gate_up_kernel[grid](
-        hidden, w13, act, al.sorted_pairs, al.expert_of_block, al.num_padded,
+        x, sx, w13, s13, act, al.sorted_pairs, al.expert_of_block, al.num_padded,
         num_pairs, hidden_size, inter, al.num_tiles_m,
-        hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), act.stride(0),
         TOPK=top_k, BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
         GROUP_M=t.group_m, EVEN_K=hidden_size % t.block_k == 0, PRECISION=precision,
-        num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype))
+        FP8=fp8, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype))
 
+    a, sa = _quantize_rows(act) if fp8 else (act, topk_weights)
     per_pair = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
     t = cfg.down
     grid = (al.num_tiles_m * _cdiv(hidden_size, t.block_n),)
     kern.down_kernel[grid](
-        act, w2, per_pair, weights, al.sorted_pairs, al.expert_of_block, al.num_padded,
+        a, sa, w2, s2, per_pair, weights, al.sorted_pairs, al.expert_of_block, al.num_padded,
         num_pairs, hidden_size, inter, al.num_tiles_m,
-        act.stride(0), w2.stride(0), w2.stride(1), per_pair.stride(0),
+        a.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), per_pair.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
         EVEN_K=inter % t.block_k == 0, PRECISION=precision,
-        num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype))
+        FP8=fp8, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype))
     # torch's sum accumulates half types in fp32 and rounds once.
     return per_pair.view(num_tokens, top_k, hidden_size).sum(dim=1)
 
 
+def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 rows, fp32 scale [M]): the Triton kernel on CUDA, the torch formula elsewhere
+    (the interpreter's fp32 -> fp8 cast does not round to nearest)."""
+    if x.is_cuda:
+        from .layers import fused_ops
+
+        q, scale = fused_ops.quantize_rows_fp8(x)
+    else:
+        from .layers.fp8 import quantize_rows
+
+        q, scale = quantize_rows(x)
+    return q, scale.view(-1)
+
+
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-              topk_weights: torch.Tensor) -> torch.Tensor:
+              topk_weights: torch.Tensor, w13_scale: torch.Tensor | None = None,
+              w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """[T, H] MoE output. CUDA tensors take the Triton kernels; CPU tensors the torch reference
     (the interpreter is far too slow to serve from, and the test calls fused_moe_triton itself)."""
     if hidden.is_cuda:
-        return fused_moe_triton(hidden, w13, w2, topk_ids, topk_weights)
-    return moe_reference(hidden, w13, w2, topk_ids, topk_weights)
+        return fused_moe_triton(hidden, w13, w2, topk_ids, topk_weights,
+                                w13_scale=w13_scale, w2_scale=w2_scale)
+    return moe_reference(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale)

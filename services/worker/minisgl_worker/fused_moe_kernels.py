@@ -127,16 +127,19 @@ def _tile_coords(num_tiles_m, num_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.const
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_tiles_m"])
-def gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ptr, expert_of_block_ptr, num_padded_ptr,
-                   num_pairs, hidden, inter, num_tiles_m,
-                   stride_xt, stride_we, stride_wn, stride_ot,
+def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, expert_of_block_ptr,
+                   num_padded_ptr, num_pairs, hidden, inter, num_tiles_m,
+                   stride_xt, stride_we, stride_wn, stride_se, stride_ot,
                    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-                   PRECISION: tl.constexpr):
+                   PRECISION: tl.constexpr, FP8: tl.constexpr):
     """out[pair, n] = silu(x[token] . w_gate[e, n]) * (x[token] . w_up[e, n]) for one tile.
 
     w is [E, 2*inter, hidden] with the gate rows first; a program computes BLOCK_N columns of both
     halves so that SiLU-and-mul happens in registers and only the product goes to memory.
+    FP8: x and w hold fp8 rows (x_scale [T], scale [E, 2*inter]): each BLOCK_K slice is its own
+    fp8 dot added to the fp32 sums (promotion: Hopper's fp8 accumulation alone loses bits), and
+    the row scales multiply the sums.
     """
     tile_m, tile_n = _tile_coords(num_tiles_m, inter, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -166,12 +169,21 @@ def gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ptr, expert_of_block_ptr, num_p
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
             g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
             u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
-        acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
-        acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+        if FP8:
+            acc_g += tl.dot(a, g)
+            acc_u += tl.dot(a, u)
+        else:
+            acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
 
+    if FP8:
+        sx = tl.load(x_scale_ptr + token)[:, None]
+        s_ptrs = scale_ptr + expert * stride_se + w_rows
+        acc_g *= sx * tl.load(s_ptrs)[None, :]
+        acc_u *= sx * tl.load(s_ptrs + inter)[None, :]
     act = acc_g * tl.sigmoid(acc_g) * acc_u
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
     tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty),
@@ -179,12 +191,15 @@ def gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ptr, expert_of_block_ptr, num_p
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_tiles_m"])
-def down_kernel(a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_of_block_ptr,
-                num_padded_ptr, num_pairs, hidden, inter, num_tiles_m,
-                stride_at, stride_we, stride_wn, stride_ot,
+def down_kernel(a_ptr, a_scale_ptr, w_ptr, scale_ptr, out_ptr, weights_ptr, sorted_ptr,
+                expert_of_block_ptr, num_padded_ptr, num_pairs, hidden, inter, num_tiles_m,
+                stride_at, stride_we, stride_wn, stride_se, stride_ot,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
-    """out[pair, n] = weight[pair] * (act[pair] . w_down[e, n]); w is [E, hidden, inter]."""
+                GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+                FP8: tl.constexpr):
+    """out[pair, n] = weight[pair] * (act[pair] . w_down[e, n]); w is [E, hidden, inter]
+    (FP8: fp8 act and w rows with a_scale [pairs] and scale [E, hidden], as in gate_up_kernel).
+    """
     tile_m, tile_n = _tile_coords(num_tiles_m, hidden, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
@@ -208,10 +223,16 @@ def down_kernel(a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_of_block_
             k_ok = offs_k < inter - k0
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if FP8:
+            acc += tl.dot(a, b)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
 
+    if FP8:
+        acc *= tl.load(a_scale_ptr + safe_rows)[:, None]
+        acc *= tl.load(scale_ptr + expert * stride_se + w_rows)[None, :]
     acc *= tl.load(weights_ptr + safe_rows).to(tl.float32)[:, None]
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),

@@ -9,6 +9,7 @@ from torch import nn
 from ..attention.base import AttentionBackend
 from ..distributed import shard
 from . import fused_ops
+from .fp8 import Fp8Rows
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
@@ -31,7 +32,7 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.rotary = [rotary]  # a list: shared by every layer, not a submodule of each
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor,
+    def forward(self, positions: torch.Tensor, x: torch.Tensor | Fp8Rows,
                 attn: AttentionBackend) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d

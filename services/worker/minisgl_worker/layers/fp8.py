@@ -17,7 +17,9 @@ with row-wise scales for larger ones (MINISGL_FP8_GEMM=scaled_mm: for all). A on
 the reference the GPU path is checked against (bench/gpu_check_fp8.py) and what CPU tests run;
 a GPU without fp8 tensor cores or a non-bf16 model is refused at start-up (check_supported).
 
-Left in the activation dtype: embeddings, the LM head, norms, MoE experts and the router.
+MoE experts are fp8 too, weight-only (fused_moe.py: the kernels upcast the fp8 rows, the
+activations stay bf16). Left in the activation dtype: embeddings, the LM head, norms and the
+router.
 Quantization is lossy (3 mantissa bits): logits move by several percent of their range on dummy
 weights, so greedy outputs can differ from bf16 where two tokens are close (docs/operations.md).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -38,6 +41,20 @@ FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _TINY = float(torch.finfo(torch.float32).tiny)  # the scale of an all-zero row
 # Read once: linear() runs for every projection of every eager step.
 _ONLY_SCALED_MM = os.environ.get("MINISGL_FP8_GEMM") == "scaled_mm"
+
+
+@dataclass(frozen=True)
+class Fp8Rows:
+    """Activation rows already quantized (by a norm kernel with the quantization fused in,
+    fused_ops.rmsnorm_quant_fp8), ready for an fp8 projection: x[m] ~ q[m] * scale[m]."""
+
+    q: torch.Tensor  # [M, K] float8 e4m3
+    scale: torch.Tensor  # [M, 1] fp32
+    dtype: torch.dtype  # the activation dtype the rows stand for (the product's output dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
 
 
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,28 +93,42 @@ def _scaled_mm_usable(x: torch.Tensor) -> bool:
     return fused_ops.usable(x) and x.dtype == torch.bfloat16 and _has_fp8_tensor_cores(x.device)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+def takes_fp8_rows(x: torch.Tensor) -> bool:
+    """Whether linear() quantizes these rows on the GPU (so a norm may hand it Fp8Rows)."""
+    return x.shape[0] > 0 and not fused_ops.gemv_usable(x) and _scaled_mm_usable(x)
+
+
+def linear(x: torch.Tensor | Fp8Rows, w: torch.Tensor, w_scale: torch.Tensor,
            bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
     """x [M, K] @ (w * w_scale)[N, K].T (+ bias) -> [M, N] in x's dtype. w: fp8 [N, K],
     w_scale: [N, 1] fp32. With silu_mul x is [M, 2K] [gate | up] rows and the input is
-    silu(gate) * up (folded into the activation quantization on the GPU)."""
+    silu(gate) * up (folded into the activation quantization on the GPU). Fp8Rows (only
+    where takes_fp8_rows held for the unquantized rows) skip the quantization."""
+    if isinstance(x, Fp8Rows):
+        return _fp8_product(x.q, x.scale, w, w_scale, x.dtype, bias)
     if fused_ops.gemv_usable(x):
         return fused_ops.gemv(x, w, bias, silu_mul=silu_mul, w_scale=w_scale.view(-1))
     if x.shape[0] == 0:
         return x.new_empty(0, w.shape[0])
     if _scaled_mm_usable(x):
-        from . import fp8_gemm  # imports triton
-
         qx, sx = fused_ops.quantize_rows_fp8(x, silu_mul=silu_mul)
-        config = fp8_gemm.config_for(qx.shape[0])
-        if not _ONLY_SCALED_MM and fp8_gemm.usable(qx, w, config):
-            y = fp8_gemm.fp8_gemm(qx, w, sx, w_scale, x.dtype, config)
-        else:
-            y = torch._scaled_mm(qx, w.t(), scale_a=sx, scale_b=w_scale.view(1, -1),
-                                 out_dtype=x.dtype)
+        return _fp8_product(qx, sx, w, w_scale, x.dtype, bias)
+    qx, sx = quantize_rows(_silu_mul(x) if silu_mul else x)
+    y = ((qx.float() @ w.float().t()) * sx * w_scale.view(1, -1)).to(x.dtype)
+    return y + bias if bias is not None else y
+
+
+def _fp8_product(qx: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                 dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
+    """The GPU product of quantized rows: our Triton GEMM for decode-sized batches,
+    torch._scaled_mm (cuBLASLt, row-wise scales) above."""
+    from . import fp8_gemm  # imports triton
+
+    config = fp8_gemm.config_for(qx.shape[0])
+    if not _ONLY_SCALED_MM and fp8_gemm.usable(qx, w, config):
+        y = fp8_gemm.fp8_gemm(qx, w, sx, w_scale, dtype, config)
     else:
-        qx, sx = quantize_rows(_silu_mul(x) if silu_mul else x)
-        y = ((qx.float() @ w.float().t()) * sx * w_scale.view(1, -1)).to(x.dtype)
+        y = torch._scaled_mm(qx, w.t(), scale_a=sx, scale_b=w_scale.view(1, -1), out_dtype=dtype)
     return y + bias if bias is not None else y
 
 
@@ -117,25 +148,33 @@ class Fp8Linear(nn.Module):
         self.weight = nn.Parameter(q, requires_grad=False)
         self.weight_scale = scale
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+    def takes_fp8_rows(self, x: torch.Tensor) -> bool:
+        """Whether this layer would quantize x itself: its norm may then do it (Fp8Rows)."""
+        return self.weight_scale is not None and takes_fp8_rows(x)
+
+    def matmul(self, x: torch.Tensor | Fp8Rows, bias: torch.Tensor | None = None,
                silu_mul: bool = False) -> torch.Tensor:
         if self.weight_scale is not None:
             return linear(x, self.weight, self.weight_scale, bias, silu_mul)
+        assert isinstance(x, torch.Tensor), "Fp8Rows reach fp8 layers only"
         if silu_mul:  # only a one-row CUDA step gets here unquantized (GatedMLP checks)
             return fused_ops.gemv(x, self.weight, bias, silu_mul=True)
         return fused_ops.linear(x, self.weight, bias)
 
 
 def quantize_model(model: nn.Module, method: str) -> int:
-    """Quantize every dense projection of `model` in place; the count of layers quantized.
-    The MoE router (a ReplicatedLinear) stays unquantized: its logits pick the experts."""
+    """Quantize every dense projection and MoE expert stack of `model` in place; the count of
+    modules quantized. The MoE router (a ReplicatedLinear) stays unquantized: its logits pick the
+    experts."""
     if method not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {method!r}")
     if method == "none":
         return 0
     from .linear import ColumnParallelLinear, RowParallelLinear
+    from .moe import SparseMoeBlock
 
-    targets = [m for m in model.modules() if isinstance(m, ColumnParallelLinear | RowParallelLinear)]
+    kinds = ColumnParallelLinear | RowParallelLinear | SparseMoeBlock
+    targets = [m for m in model.modules() if isinstance(m, kinds)]
     for m in targets:
         m.quantize_fp8()
     return len(targets)

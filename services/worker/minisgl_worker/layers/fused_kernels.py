@@ -8,8 +8,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_s0, x_s1, res_s0, out_s0, heads,
-                    n_cols, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, scale_ptr, x_s0, x_s1, res_s0, out_s0, heads,
+                    n_cols, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                    QUANT: tl.constexpr, QMAX: tl.constexpr):
+    """QUANT: the normed row, rounded to the activation dtype, is quantized to fp8 as
+    _quant_rows_kernel does (out fp8, scale_ptr[row] its scale): the same bytes as the two
+    kernels one after the other, without the bf16 row's round trip through memory."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -21,8 +25,14 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_s0, x_s1, res_s0, out_s0, 
     xf = x.to(tl.float32)
     inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * out_s0 + cols, (xf * inv * w).to(out_ptr.dtype.element_ty),
-             mask=mask)
+    y = (xf * inv * w).to(x_ptr.dtype.element_ty)
+    if QUANT:
+        yf = y.to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(yf), axis=0), 1.1754943508222875e-38) / QMAX
+        tl.store(scale_ptr + row, scale)
+        _store_quantized(out_ptr + row * out_s0, cols, mask, yf, scale, QMAX, BLOCK)
+    else:
+        tl.store(out_ptr + row * out_s0 + cols, y, mask=mask)
 
 
 @triton.jit

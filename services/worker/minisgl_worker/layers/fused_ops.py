@@ -21,6 +21,7 @@ import torch
 from ..config import kv_saturation
 
 _HAVE_TRITON = importlib.util.find_spec("triton") is not None
+_FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # e4m3: 448
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -66,10 +67,28 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     else:
         rows, heads, s0, s1 = x.shape[0], 1, x.stride(0), 0
     res = residual if residual is not None else out
-    _k()._rmsnorm_kernel[(rows,)](x, res, weight, out, s0, s1, res.stride(0), d, heads, d, eps,
-                             HAS_RES=residual is not None, BLOCK=_pow2(d),
-                             num_warps=4 if d <= 2048 else 8)
+    _k()._rmsnorm_kernel[(rows,)](x, res, weight, out, out, s0, s1, res.stride(0), d, heads, d,
+                                  eps, HAS_RES=residual is not None, BLOCK=_pow2(d), QUANT=False,
+                                  QMAX=_FP8_MAX, num_warps=4 if d <= 2048 else 8)
     return out
+
+
+def rmsnorm_quant_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                      residual: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows_fp8(rmsnorm(x, weight, eps, residual)) in one kernel, for a norm whose only
+    consumer is an fp8 projection: x [N, D] -> (q [N, D] fp8 e4m3, scale [N, 1] fp32)."""
+    assert x.dim() == 2 and x.stride(-1) == 1
+    n, d = x.shape
+    q = torch.empty(n, d, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(n, 1, dtype=torch.float32, device=x.device)
+    if n:
+        res = residual if residual is not None else x
+        _k()._rmsnorm_kernel[(n,)](x, res, weight, q, scale, x.stride(0), 0, res.stride(0),
+                                   q.stride(0), 1, d, eps, HAS_RES=residual is not None,
+                                   BLOCK=_pow2(d), QUANT=True, QMAX=_FP8_MAX,
+                                   num_warps=4 if d <= 2048 else 8)
+    return q, scale
 
 
 _HEAD_TILE_MAX = 8192  # elements of one token's [heads, head_dim] tile in the per-head kernels
@@ -219,7 +238,7 @@ def quantize_rows_fp8(x: torch.Tensor, silu_mul: bool = False,
     if m:  # rows up to 16k elements in one block (one read), 32 per thread at most
         block = min(_QUANT_ONE_PASS_MAX, _pow2(k))
         _k()._quant_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0),
-                                      QMAX=float(torch.finfo(torch.float8_e4m3fn).max),
+                                      QMAX=_FP8_MAX,
                                       SILU_MUL=silu_mul, BLOCK=block, ONE_PASS=block >= k,
                                       num_warps=max(4, min(16, block // 1024)))
     return q, scale

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..distributed import all_reduce, shard, tp
 from . import fused_ops
-from .fp8 import Fp8Linear
+from .fp8 import Fp8Linear, Fp8Rows
 from .weights import WeightSource, check_shape, default_loader, new_param, read, set_loader, src_shape
 
 
@@ -47,7 +47,7 @@ class ColumnParallelLinear(Fp8Linear):
         n = self.local_sizes[i]
         param.data.narrow(0, self.offsets[i], n).copy_(read(src, 0, tp().rank * n, n))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
 

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import fused_ops
+from .fp8 import Fp8Rows
 from .linear import ColumnParallelLinear, RowParallelLinear
 
 
@@ -23,7 +24,7 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(hidden_size, [intermediate_size] * 2)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.down_proj.folds_silu_mul(gate_up):  # batch-1 GEMV or fp8: SiLU-and-mul inside
             return self.down_proj(gate_up, silu_mul=True)

@@ -5,7 +5,9 @@ Experts are stored stacked, in the layout `fused_moe` takes:
 TP splits each expert's intermediate dimension (I_local = I / tp), like a dense MLP, and the
 partial outputs are all-reduced. The expert computation goes through `self.experts_fn`
 (default `fused_moe.fused_moe`: grouped Triton GEMMs on CUDA, a per-expert torch loop on CPU);
-assign another function with the same signature to plug in a different kernel.
+assign another function with the same signature to plug in a different kernel. `--quantization
+fp8` turns the experts into fp8 rows with one scale each (`quantize_fp8`); the router stays as
+loaded, since its logits pick the experts.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import torch
 from torch import nn
 
 from ..distributed import all_reduce, shard, tp
-from ..fused_moe import fused_moe, route
+from ..fused_moe import fused_moe, quantize_experts, route
 from .linear import ReplicatedLinear
 from .weights import WeightSource, check_shape, new_param, read, set_loader, src_shape
 
-ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                     torch.Tensor]
+# (hidden, w13, w2, topk_ids, topk_weights, *, w13_scale, w2_scale) -> [T, H]; scales are None
+# unless the experts are fp8
+ExpertsFn = Callable[..., torch.Tensor]
 
 
 class SparseMoeBlock(nn.Module):
@@ -36,6 +39,8 @@ class SparseMoeBlock(nn.Module):
                               self._load_w13, 2 * num_experts)
         self.w2 = set_loader(new_param(num_experts, hidden_size, self.inter_local), self._load_w2,
                              num_experts)
+        self.register_buffer("w13_scale", None)  # [E, 2 * I_local] fp32 once quantized
+        self.register_buffer("w2_scale", None)  # [E, H]
         self.experts_fn: ExpertsFn = fused_moe
 
     def _load_w13(self, param: nn.Parameter, src: WeightSource, shard_id: tuple[int, int]) -> None:
@@ -51,6 +56,14 @@ class SparseMoeBlock(nn.Module):
         n = self.inter_local
         param.data[shard_id[0]].copy_(read(src, 1, tp().rank * n, n))
 
+    def quantize_fp8(self) -> None:
+        """Replace the loaded experts by fp8 rows and their scales (frees the originals)."""
+        for name in ("w13", "w2"):
+            q, scale = quantize_experts(getattr(self, name).data)
+            setattr(self, name, nn.Parameter(q, requires_grad=False))
+            setattr(self, f"{name}_scale", scale)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.norm_topk_prob)
-        return all_reduce(self.experts_fn(x, self.w13, self.w2, ids, weights))
+        return all_reduce(self.experts_fn(x, self.w13, self.w2, ids, weights,
+                                          w13_scale=self.w13_scale, w2_scale=self.w2_scale))

@@ -1,5 +1,6 @@
 """RMSNorm as HF computes it: statistics in fp32, scale applied after casting back. On CUDA one
-Triton kernel (fused_ops.rmsnorm) does the work, residual add included."""
+Triton kernel (fused_ops.rmsnorm) does the work, residual add included, and for a norm that feeds
+an fp8 projection (--quantization fp8) also that projection's activation quantization."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 from torch import nn
 
 from . import fused_ops
+from .fp8 import Fp8Rows
 from .weights import default_loader, new_param, set_loader
 
 
@@ -16,8 +18,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = set_loader(new_param(dim), default_loader)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Over the last dim of x ([N, D], or [T, H, D] for per-head q/k norms)."""
+    def forward(self, x: torch.Tensor, to_fp8: bool = False) -> torch.Tensor | Fp8Rows:
+        """Over the last dim of x ([N, D], or [T, H, D] for per-head q/k norms). to_fp8: the
+        caller's fp8 projection takes the rows quantized (Fp8Linear.takes_fp8_rows said so)."""
+        if to_fp8 and fused_ops.usable(x) and x.dim() == 2 and x.is_contiguous():
+            return Fp8Rows(*fused_ops.rmsnorm_quant_fp8(x, self.weight, self.eps), x.dtype)
         if fused_ops.usable(x):
             return fused_ops.rmsnorm(x, self.weight, self.eps)
         dtype = x.dtype
@@ -25,11 +30,14 @@ class RMSNorm(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(dtype)
 
-    def add_forward(self, x: torch.Tensor,
-                    residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """norm(x + residual) and the new residual (x + residual)."""
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor,
+                    to_fp8: bool = False) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
+        """norm(x + residual) and the new residual (x + residual); to_fp8 as in forward."""
         if fused_ops.usable(x) and residual.is_contiguous() and x.is_contiguous():
             residual = residual.clone() if residual.data_ptr() == x.data_ptr() else residual
+            if to_fp8 and x.dim() == 2:
+                q, scale = fused_ops.rmsnorm_quant_fp8(x, self.weight, self.eps, residual)
+                return Fp8Rows(q, scale, x.dtype), residual
             return fused_ops.rmsnorm(x, self.weight, self.eps, residual=residual), residual
         residual = x + residual
-        return self.forward(residual), residual
+        return self.forward(residual, to_fp8), residual

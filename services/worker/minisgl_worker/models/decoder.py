@@ -44,12 +44,16 @@ class DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        # With fp8 projections the norms quantize their output for qkv / gate_up themselves
+        # (one kernel instead of two); the MoE block's router needs the unquantized rows.
+        to_fp8 = self.self_attn.qkv_proj.takes_fp8_rows(x)
         if residual is None:
-            residual, h = x, self.input_layernorm(x)
+            residual, h = x, self.input_layernorm(x, to_fp8)
         else:
-            h, residual = self.input_layernorm.add_forward(x, residual)
+            h, residual = self.input_layernorm.add_forward(x, residual, to_fp8)
         h = self.self_attn(positions, h, attn)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        to_fp8 = isinstance(self.mlp, GatedMLP) and self.mlp.gate_up_proj.takes_fp8_rows(h)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual, to_fp8)
         return self.mlp(h), residual
 
 
