@@ -8,6 +8,11 @@ greedy generation of `--new-tokens` tokens through the `LLM` class. Reports the 
 error of TP=N against TP=1, how many sequences have identical greedy tokens, and where the others
 first differ. In fp32 the two must agree token for token; in bf16 the all-reduce sums partial
 products in another order, so a near-tie may flip late in a sequence (reported, not failed).
+
+--quantization fp8: each rank quantizes its own shards (row-parallel layers get per-shard
+scales), so TP=N rounds differently from TP=1 by design. Then a third run, TP=1 unquantized, is
+the reference: both fp8 runs' logit errors against it are reported, and the check passes when
+TP=N's is within 1.5x of TP=1's (a misapplied shard or scale gives errors near 1).
 """
 
 from __future__ import annotations
@@ -37,14 +42,15 @@ def prompts(n: int, vocab: int) -> list[list[int]]:
 
 
 def run(model: str, tp: int, dtype: str, backend: str, ps: list[list[int]],
-        new_tokens: int) -> tuple[torch.Tensor, list[list[int]], float]:
+        new_tokens: int, quantization: str = "none"
+        ) -> tuple[torch.Tensor, list[list[int]], float]:
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.step import ReqPlan, StepPlan
 
     t0 = time.perf_counter()
     llm = LLM(model, load_format=LOAD_FORMAT, tp_size=tp, dtype=dtype, attention_backend=backend,
-              max_model_len=4096, cache="naive")
+              max_model_len=4096, cache="naive", quantization=quantization)
     init_s = time.perf_counter() - t0
     try:
         page_size = llm.engine.config.page_size
@@ -75,16 +81,24 @@ def main() -> int:
     ap.add_argument("--load-format", default="auto",
                     help="auto: a checkpoint (bench/make_dummy_checkpoint.py); dummy weights "
                          "differ between TP=1 and TP=N")
+    ap.add_argument("--quantization", default="none", choices=["none", "fp8"])
     a = ap.parse_args()
     global LOAD_FORMAT
     LOAD_FORMAT = a.load_format
     vocab = json.loads((Path(a.model) / "config.json").read_text())["vocab_size"]
     ps = prompts(a.num_prompts, vocab)
+    q = a.quantization
     ref_logits, ref_tokens, init1 = run(a.model, 1, a.dtype, a.attention_backend, ps,
-                                        a.new_tokens)
+                                        a.new_tokens, q)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    logits, tokens, init_n = run(a.model, a.tp, a.dtype, a.attention_backend, ps, a.new_tokens)
+    logits, tokens, init_n = run(a.model, a.tp, a.dtype, a.attention_backend, ps, a.new_tokens,
+                                 q)
+    unquantized = None
+    if q != "none":
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        unquantized = run(a.model, 1, a.dtype, a.attention_backend, ps, a.new_tokens)[0]
     per = (logits - ref_logits).abs().amax(-1) / ref_logits.abs().amax()
     diverge = [next((i for i, (x, y) in enumerate(zip(t, r, strict=True)) if x != y), None)
                for t, r in zip(tokens, ref_tokens, strict=True)]
@@ -100,6 +114,13 @@ def main() -> int:
     }
     record["ok"] = (record["greedy_identical"] == len(ps)) if a.dtype == "float32" else \
         record["argmax_agree"] == len(ps)
+    if unquantized is not None:
+        def err(x: torch.Tensor) -> float:  # median over prompts of max|diff| / max|ref|
+            return ((x - unquantized).abs().amax(-1) / unquantized.abs().amax()).median().item()
+
+        record.update(quantization=q, err_vs_unquantized_tp1=round(err(ref_logits), 5),
+                      err_vs_unquantized_tpn=round(err(logits), 5))
+        record["ok"] = record["err_vs_unquantized_tpn"] <= 1.5 * record["err_vs_unquantized_tp1"]
     print(json.dumps(record), flush=True)
     if a.json:
         with open(a.json, "a") as f:

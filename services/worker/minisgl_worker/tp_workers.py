@@ -88,13 +88,17 @@ def stop_followers(followers: Followers, timeout: float = 30.0) -> None:
         dist.broadcast_object(None)
     except Exception:  # a follower died: the group is broken, just reap the processes
         log.exception("could not signal the TP ranks to stop")
-    dist.destroy_tp()  # together with the followers, which do the same on the None plan
+    # The followers leave the group on the None plan (their teardown is local, it waits for
+    # no peer) and exit; this rank leaves only then, because it hosts the group's TCP store:
+    # closing it first made each follower's NCCL heartbeat thread print a "recvValue failed"
+    # stack trace at shutdown (H200 pair).
     for p in followers.procs:
         try:
             p.wait(timeout)
         except subprocess.TimeoutExpired:
             p.terminate()
             p.wait(5.0)
+    dist.destroy_tp()
 
 
 if __name__ == "__main__":
