@@ -57,7 +57,7 @@ def main() -> int:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3", "fp8_e5m2"],
                    help="fp8: KV cache in one byte per element (the roofline reads 1 byte too)")
     p.add_argument("--quantization", default="none", choices=["none", "fp8"],
-                   help="fp8: dense projections as fp8 rows (the roofline reads 1 byte a weight)")
+                   help="fp8: projections, experts as fp8 rows (the roofline reads 1 byte a weight)")
     p.add_argument("--max-running-requests", type=int, default=256)
     p.add_argument("--max-prefill-tokens", type=int, default=None)
     p.add_argument("--disable-overlap", action="store_true")

@@ -1,4 +1,4 @@
-"""--quantization fp8: fp8 rows with a scale each for the dense projections (layers/fp8.py).
+"""--quantization fp8: fp8 rows with a scale each for the projections (layers/fp8.py).
 
 The arithmetic is checked here on CPU: the torch reference formula, the Triton kernels (row
 quantization with and without SiLU-and-mul folded in, the fp8-weight GEMV) under the interpreter

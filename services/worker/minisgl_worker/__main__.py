@@ -25,8 +25,9 @@ _HELP = {
     "dtype": "auto (float32 on CPU, bfloat16 on GPU), float16, bfloat16 or float32",
     "kv_cache_dtype": "KV cache elements: auto (as --dtype), fp8_e4m3 or fp8_e5m2 (half the "
                       "bytes, lossy; see docs/operations.md)",
-    "quantization": "none, or fp8: dense projections stored as fp8 e4m3 with a scale per row, "
-                    "made at start-up (half the weight bytes, lossy; see docs/operations.md)",
+    "quantization": "none, or fp8: projections and MoE experts stored as fp8 e4m3 with a scale "
+                    "per row, made at start-up (half the weight bytes, lossy; see "
+                    "docs/operations.md)",
     "device": "auto, cpu, cuda or cuda:N",
     "page_size": "tokens per KV page (default: 64 on a GPU, 16 on CPU)",
     "num_pages": "KV pages (default: GPU free memory x mem-fraction; CPU: kv-cache-tokens)",

@@ -61,10 +61,11 @@ def choose_config(num_tokens: int, fp8: bool = False) -> MoeConfig:
     (`--fp8 --sweep` on an H200).
     """
     # fp8, H200, CUDA-graph time of the op: 256 tokens 0.224 ms against 0.264 with the bf16
-    # tiles, 4,096 tokens 0.739 against 0.983. (A down tile of 128x128 timed 4 % faster eager at 256
-    # tokens but made the offline run 2.3 % slower, 6,918 against 7,080 tok/s: not taken.)
+    # tiles (BLOCK_M 32), 4,096 tokens 0.739 against 0.983. Offline A/B on one H200: BLOCK_M 16
+    # at 129-256 tokens 7,127 tok/s against 7,000 / 7,012 with 32 (an expert sees ~16 rows
+    # there); also 16 at 33-128 tokens: 7,044; a 128x128 down tile: 6,918 against 7,080.
     if fp8 and 128 < num_tokens <= 256:
-        return MoeConfig(32, GemmTile(64, 128, 4, 3), GemmTile(256, 64, 8, 3))
+        return MoeConfig(16, GemmTile(64, 128, 4, 3), GemmTile(256, 64, 8, 3))
     if fp8 and num_tokens > 1024:
         return MoeConfig(64, GemmTile(128, 64, 8, 4), GemmTile(128, 128, 8, 3))
     if num_tokens <= 32:

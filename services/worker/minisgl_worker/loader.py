@@ -100,8 +100,8 @@ def init_dummy(model: CausalLM, seed: int) -> None:
 def load_model(model_path: str | Path, cfg: ModelConfig, load_format: str, max_positions: int,
                device: torch.device, dtype: torch.dtype, dummy_seed: int = 0,
                quantization: str = "none") -> CausalLM:
-    """The model with its weights; with quantization="fp8" the dense projections are then
-    turned into fp8 rows (layers/fp8.py) and the freed memory handed back to the device."""
+    """The model with its weights; with quantization="fp8" the projections and MoE experts
+    are then turned into fp8 rows (layers/fp8.py) and the freed memory handed back."""
     model = build_model(cfg, max_positions, device, dtype)
     if load_format == "dummy":
         init_dummy(model, dummy_seed)
@@ -112,7 +112,7 @@ def load_model(model_path: str | Path, cfg: ModelConfig, load_format: str, max_p
                 f"no *.safetensors in {model_path}; pass --load-format dummy for random weights")
         load_safetensors(model, files, device)
     if quantize_model(model, quantization):
-        log.info("quantized the dense projections to %s", quantization)
+        log.info("quantized the projections and experts to %s", quantization)
         if device.type == "cuda":  # the KV cache is sized from free memory next
             torch.cuda.empty_cache()
     return model

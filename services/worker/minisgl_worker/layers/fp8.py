@@ -1,6 +1,7 @@
-"""Online fp8 weight quantization (`--quantization fp8`): the dense projections of every layer
-(qkv, o, gate_up, down) are stored as float8 e4m3 with one fp32 scale per output row, made from
-the loaded bf16 weights at start-up, the idea vLLM and SGLang ship under the same flag.
+"""Online fp8 weight quantization (`--quantization fp8`): the projections of every layer
+(qkv, o, gate_up, down; MoE experts too, see below) are stored as float8 e4m3 with one fp32
+scale per output row, made from the loaded bf16 weights at start-up, the idea vLLM and SGLang
+ship under the same flag.
 
 Why: a decode step reads every weight once, and at the offline workload's batches the projections
 are the larger half of the step's bytes and FLOPs; one byte per weight halves both (H100 fp8
@@ -17,9 +18,10 @@ with row-wise scales for larger ones (MINISGL_FP8_GEMM=scaled_mm: for all). A on
 the reference the GPU path is checked against (bench/gpu_check_fp8.py) and what CPU tests run;
 a GPU without fp8 tensor cores or a non-bf16 model is refused at start-up (check_supported).
 
-MoE experts are fp8 too, weight-only (fused_moe.py: the kernels upcast the fp8 rows, the
-activations stay bf16). Left in the activation dtype: embeddings, the LM head, norms and the
-router.
+MoE experts are fp8 too, with the same formula inside the grouped expert GEMMs (fused_moe.py).
+A norm whose only consumer is an fp8 projection (qkv, a dense MLP's gate_up) quantizes its
+output itself (fused_ops.rmsnorm_quant_fp8, handing over Fp8Rows). Left in the activation
+dtype: embeddings, the LM head, norms and the MoE router.
 Quantization is lossy (3 mantissa bits): logits move by several percent of their range on dummy
 weights, so greedy outputs can differ from bf16 where two tokens are close (docs/operations.md).
 """
