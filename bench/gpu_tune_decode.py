@@ -97,7 +97,10 @@ def main() -> int:
         results.sort()
         for us, label in results[:12] + [r for r in results[12:] if "flashinfer" in r[1]]:
             print(f"  {name:14s} {us:8.1f} us  {kv_bytes / us / 1e6:6.2f} TB/s  {label}")
-        default = [r for r in results if r[1] == "triton splits=1 block_n=64 warps=4 stages=2"]
+        # what the backend launches for this shape (paged_decode's defaults)
+        label = (f"triton splits={pd.choose_num_splits(bs, hkv, int(lens.max()))} block_n="
+                 f"{pd._BLOCK_N} warps=4 stages={pd._default_stages(DEV, kc.element_size() * d)}")
+        default = [r for r in results if r[1] == label]
         if default:
             us = default[0][0]
             print(f"  {name:14s} {us:8.1f} us  {kv_bytes / us / 1e6:6.2f} TB/s  (current default)")
