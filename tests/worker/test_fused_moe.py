@@ -157,15 +157,17 @@ def test_matches_hf_qwen3_moe_block(norm: bool) -> None:
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("t, config", [(5, SMALL), (33, None)])
+@pytest.mark.parametrize("t, config", [(5, SMALL), (33, None), (21, WIDE)])
 def test_fp8_experts_match_their_reference(t: int, config: MoeConfig | None, path: str) -> None:
     """fp8 experts: the kernels (fp8 dots of row-quantized inputs and weights, promoted to fp32
     every BLOCK_K slice, scaled) are the reference's fp8 formula up to summation order; against
     the unquantized experts the error is fp8 rounding (3 mantissa bits, a few % of the norm)."""
-    x, w13, w2, ids, w = make(t, seed=20 + t)
+    # WIDE: H=40, I=24, E=5, k=3 (masked K tails, wrapped columns, grouped tiles)
+    shape = dict(e=5, k=3, h=40, i=24) if config is WIDE else {}
+    x, w13, w2, ids, w = make(t, seed=20 + t, **shape)
     q13, s13 = quantize_experts(w13)
     q2, s2 = quantize_experts(w2)
-    assert q13.dtype == q2.dtype == torch.float8_e4m3fn and s13.shape == (E, 2 * INTER)
+    assert q13.dtype == q2.dtype == torch.float8_e4m3fn and s13.shape == w13.shape[:2]
     scales = dict(w13_scale=s13, w2_scale=s2)
     out = fused_moe_triton(x, q13, q2, ids, w, config=config,
                            single_align_max_pairs=PATHS[path], **scales)

@@ -278,7 +278,7 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     num_pairs = num_tokens * top_k
     if num_pairs == 0:
         return hidden.new_zeros(hidden.shape)
-    cfg = config or choose_config(num_tokens, fp8=w13_scale is not None)
+    cfg = config or choose_config(num_tokens, fp8=fp8)
     hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
     weights = topk_weights.reshape(-1).contiguous()
     # fp32 must stay fp32: TF32 would cost ~1e-3 relative error.
