@@ -58,10 +58,19 @@ def test_close_releases_graphs_before_leaving_the_tp_group(tiny_model, monkeypat
     """NCCL will not abort a communicator that a live CUDA graph captured (on the H200 pair the
     teardown sat in ncclCommAbort until the process died): the graphs must go first. CPU has no
     graphs, so a recorder stands in for the runner; the follower is a real process that must
-    leave with status 0."""
+    leave with status 0, before this rank leaves the group (it hosts the group's store, whose
+    early close made the followers' NCCL heartbeat print stack traces)."""
     from minisgl_worker import tp_workers
 
     order: list[str] = []
+    real_destroy = tp_workers.dist.destroy_tp
+
+    def destroy() -> None:
+        exited = all(p.poll() is not None for p in procs)
+        order.append("left the group" + (" after the followers exited" if exited else ""))
+        real_destroy()
+
+    monkeypatch.setattr(tp_workers.dist, "destroy_tp", destroy)
 
     class GraphRecorder:
         def release(self) -> None:
@@ -79,5 +88,6 @@ def test_close_releases_graphs_before_leaving_the_tp_group(tiny_model, monkeypat
     procs = list(engine._followers.procs)
     engine.graph_runner = GraphRecorder()
     engine.close()
-    assert order == ["graphs released", "followers stopped"]
+    assert order == ["graphs released", "followers stopped",
+                     "left the group after the followers exited"]
     assert [p.wait(30) for p in procs] == [0]
