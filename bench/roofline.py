@@ -24,8 +24,8 @@ class ModelShape:
     experts_per_tok: int = 0
     expert_bytes: int = 0  # one expert's weights, all layers (this rank's share)
     kv_dtype_bytes: int | None = None  # KV cache element size; None: dtype_bytes (fp8 cache: 1)
-    # --quantization fp8: the share of active_params in fp8 x fp8 projections, which prefill
-    # runs at twice the bf16 rate (weight_bytes counts every fp8 weight at one byte)
+    # --quantization fp8: the share of active_params in fp8 projections and experts, which
+    # prefill runs at twice the bf16 rate (weight_bytes already counts them at one byte each)
     fp8_param_share: float = 0.0
 
     def step_weight_bytes(self, batch: int) -> float:
@@ -46,10 +46,9 @@ class ModelShape:
     @classmethod
     def from_config(cls, path: str | Path, dtype_bytes: int = 2, tp_size: int = 1,
                     kv_dtype_bytes: int | None = None, fp8_weights: bool = False) -> ModelShape:
-        """fp8_weights: the dense projections and MoE experts are one byte a weight
-        (--quantization fp8); embeddings, the LM head and the router are not. Prefill runs the
-        dense fp8 projections at twice the bf16 rate; the experts are weight-only fp8 (bf16
-        tensor-core math), so they keep the bf16 rate."""
+        """fp8_weights: the projections and MoE experts are one byte a weight (--quantization
+        fp8), and their prefill FLOPs run at twice the bf16 rate (fp8 x fp8 tensor cores);
+        embeddings, the LM head and the router stay in dtype_bytes."""
         cfg = json.loads((Path(path) / "config.json").read_text())
         h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
         heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads",
@@ -58,7 +57,7 @@ class ModelShape:
         vocab = cfg["vocab_size"]
         attn = h * head_dim * (heads + 2 * kv_heads) + heads * head_dim * h
         moe: dict[str, int] = {}
-        experts_active = 0  # params of the k routed experts of one token, all layers' share
+        experts_active = 0  # params of the k experts one token is routed to, one layer
         if "num_experts" in cfg:  # MoE: only routed experts' weights are read per token
             inter = cfg["moe_intermediate_size"]
             mlp_active = 3 * h * inter * cfg["num_experts_per_tok"] + h * cfg["num_experts"]
@@ -70,13 +69,13 @@ class ModelShape:
             mlp_active = 3 * h * cfg["intermediate_size"]
         embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
         active = layers * (attn + mlp_active) + embed
-        fp8_fast = layers * (attn + (0 if moe else mlp_active)) if fp8_weights else 0
-        fp8 = fp8_fast + (layers * experts_active if fp8_weights else 0)
+        fp8_mlp = experts_active if moe else mlp_active  # the router stays
+        fp8 = layers * (attn + fp8_mlp) if fp8_weights else 0
         weight_bytes = (active - fp8) * dtype_bytes + fp8
         return cls(num_layers=layers, num_kv_heads=max(1, kv_heads // tp_size),
                    head_dim=head_dim, weight_bytes=weight_bytes // tp_size,
                    active_params=active // tp_size, dtype_bytes=dtype_bytes,
-                   kv_dtype_bytes=kv_dtype_bytes, fp8_param_share=fp8_fast / active, **moe)
+                   kv_dtype_bytes=kv_dtype_bytes, fp8_param_share=fp8 / active, **moe)
 
 
 def roofline_seconds(shape: ModelShape, prompt_lens: list[int], output_lens: list[int],
