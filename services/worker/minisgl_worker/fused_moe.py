@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .layers.fp8 import FP8, quantize_rows, reference_product
+
 # Up to this many (token, k) pairs one program does all of the alignment (one launch instead of
 # four); beyond, per-program work grows with the pairs and the many-program path wins.
 SINGLE_ALIGN_MAX_PAIRS = 256
@@ -101,14 +103,11 @@ def route(router_logits: torch.Tensor, top_k: int,
     return weights.to(router_logits.dtype), ids
 
 
-FP8 = torch.float8_e4m3fn
 
 
 def quantize_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Stacked expert weights [E, N, K] -> (fp8 [E, N, K], fp32 scale [E, N]), one scale a row
     (max |row| / 448), one expert at a time so the fp32 copy stays one expert's size."""
-    from .layers.fp8 import quantize_rows
-
     q = torch.empty(w.shape, dtype=FP8, device=w.device)
     scale = torch.empty(w.shape[:2], dtype=torch.float32, device=w.device)
     for e in range(w.shape[0]):
@@ -163,15 +162,6 @@ def _check_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
             raise ValueError(f"topk_ids must be in [0, {e}), got values in [{lo}, {hi}]")
 
 
-def _fp8_product(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] (quantized per row here) times fp8 rows w [N, K] with scales [N], in fp32: the
-    formula of the fp8 kernels."""
-    from .layers.fp8 import quantize_rows
-
-    qx, sx = quantize_rows(x)
-    return (qx.float() @ w.float().t()) * sx * w_scale[None, :]
-
-
 def moe_reference(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                   w13_scale: torch.Tensor | None = None,
@@ -189,9 +179,9 @@ def moe_reference(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     for e in torch.unique(ids).tolist():
         token, slot = torch.where(ids == e)
         if w13_scale is not None and w2_scale is not None:
-            gate, up = _fp8_product(hidden[token], w13[e], w13_scale[e]).split(inter, dim=-1)
+            gate, up = reference_product(hidden[token], w13[e], w13_scale[e]).split(inter, -1)
             act = (F.silu(gate) * up).to(hidden.dtype)
-            y = _fp8_product(act, w2[e], w2_scale[e])
+            y = reference_product(act, w2[e], w2_scale[e])
         else:
             gate, up = F.linear(hidden[token], w13[e]).split(inter, dim=-1)
             y = F.linear(F.silu(gate) * up, w2[e])
@@ -320,8 +310,6 @@ def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
         q, scale = fused_ops.quantize_rows_fp8(x)
     else:
-        from .layers.fp8 import quantize_rows
-
         q, scale = quantize_rows(x)
     return q, scale.view(-1)
 

@@ -66,6 +66,13 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (tf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
+def reference_product(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """The fp8 formula in fp32 torch: x [M, K] quantized per row here, times fp8 rows w [N, K]
+    with their N scales (any shape): the CPU path and the oracle of the GPU kernels."""
+    qx, sx = quantize_rows(x)
+    return (qx.float() @ w.float().t()) * sx * w_scale.reshape(1, -1)
+
+
 def _silu_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of [gate | up] rows, rounded to x's dtype (as fused_ops stores it)."""
     gate, up = x.float().chunk(2, dim=-1)
@@ -115,8 +122,7 @@ def linear(x: torch.Tensor | Fp8Rows, w: torch.Tensor, w_scale: torch.Tensor,
     if _scaled_mm_usable(x):
         qx, sx = fused_ops.quantize_rows_fp8(x, silu_mul=silu_mul)
         return _fp8_product(qx, sx, w, w_scale, x.dtype, bias)
-    qx, sx = quantize_rows(_silu_mul(x) if silu_mul else x)
-    y = ((qx.float() @ w.float().t()) * sx * w_scale.view(1, -1)).to(x.dtype)
+    y = reference_product(_silu_mul(x) if silu_mul else x, w, w_scale).to(x.dtype)
     return y + bias if bias is not None else y
 
 
