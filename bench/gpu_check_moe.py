@@ -89,6 +89,17 @@ def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch
     return graph, out
 
 
+def graph_time(call: Callable[[], torch.Tensor], eager_out: torch.Tensor, timer: Timer,
+               iters: int) -> tuple[float, bool]:
+    """The op as a replayed CUDA graph: ms a replay, and whether it gives the eager output bit
+    for bit (the graph is freed before returning)."""
+    graph, graph_out = capture(call)
+    graph.replay()
+    torch.cuda.synchronize()
+    equal = torch.equal(graph_out, eager_out)
+    return timer(graph.replay, iters), equal
+
+
 def sweep_configs(t: int, fp8: bool = False) -> list[MoeConfig]:
     block_ms = [16, 32] if t <= 128 else [32, 64] if t <= 512 else [64, 128]
     up_tiles = [(32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 3),
@@ -150,12 +161,8 @@ def main() -> int:
         ok &= err_fused <= args.tol
 
         fused_ms = timer(call, args.iters)
-        graph, graph_out = capture(call)
-        graph.replay()
-        torch.cuda.synchronize()
-        graph_equal = torch.equal(graph_out, out)
+        graph_ms, graph_equal = graph_time(call, out, timer, args.iters)
         ok &= graph_equal
-        graph_ms = timer(graph.replay, args.iters)
         ref_ms = timer(bind(moe_reference, x, w13, w2, ids, weights), max(5, args.iters // 10))
 
         touched = int(ids.unique().numel())
@@ -176,7 +183,6 @@ def main() -> int:
             row["sweep"] = sweep(t, call8 if fp8 else call, timer, max(10, args.iters // 4),
                                  timer(call8, args.iters) if fp8 else fused_ms, bool(fp8))
         rows.append(row)
-        del graph, graph_out
     print(f"decode rows (T<={DECODE_MAX_T}): GB/s = touched experts' weights / CUDA-graph time; "
           "prefill rows: TFLOP/s from eager time")
     print(f"accuracy {'OK' if ok else 'FAILED'} (fused vs fp32 <= {args.tol:g}, graph == eager)")
@@ -201,12 +207,9 @@ def _check_fp8(x: torch.Tensor, fp8: dict[str, torch.Tensor], ids: torch.Tensor,
     out = call()
     exact = moe_reference(x, fp8["q13"], fp8["q2"], ids, weights, w13_scale=fp8["w13_scale"],
                           w2_scale=fp8["w2_scale"])  # the fp8 formula, in fp32 torch
-    graph, graph_out = capture(call)
-    graph.replay()
-    torch.cuda.synchronize()
-    graph_ms = timer(graph.replay, iters)
+    graph_ms, graph_equal = graph_time(call, out, timer, iters)
     res = dict(err_kernel=rel_err(out, exact), err_vs_unquantized=rel_err(out, want),
-               graph_ms=graph_ms, graph_equal=torch.equal(graph_out, out),
+               graph_ms=graph_ms, graph_equal=graph_equal,
                speedup_vs_bf16=bf16_graph_ms / graph_ms,
                weight_gb_per_s=fp8_bytes / (graph_ms * 1e-3) / 1e9)
     print(f"      fp8: err kernel {res['err_kernel']:.2e}  vs unquantized "
