@@ -74,6 +74,7 @@ def main() -> int:
     ap.add_argument("--protocol", choices=["http", "grpc"], default="http")
     ap.add_argument("--gateway-replicas", type=int, default=1)
     ap.add_argument("--grpc-channels", type=int, default=8)
+    ap.add_argument("--client-procs", type=int, default=1)
     ap.add_argument("--serve-worker-port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_worker_port:

@@ -103,7 +103,9 @@ async def grpc_request(stub, pb, prompt: list[int], max_tokens: int) -> Result:
     return res
 
 
-async def run_load(args, workload: list[tuple[list[int], int]], url: str, target: str) -> dict:
+async def _drive(args, workload: list[tuple[list[int], int]], url: str, target: str
+                 ) -> tuple[list[Result], float, float]:
+    """One client process's share of the load: its results and wall-clock start and end."""
     sem = asyncio.Semaphore(args.concurrency)
     rng = random.Random(1)
     if args.protocol == "http":
@@ -132,23 +134,68 @@ async def run_load(args, workload: list[tuple[list[int], int]], url: str, target
         async with sem:
             return await send(prompt, max_tokens)
 
-    start = time.perf_counter()
+    start = time.time()
     tasks = []
     for prompt, max_tokens in workload:
         tasks.append(asyncio.create_task(one(prompt, max_tokens)))
         if args.request_rate > 0:
             await asyncio.sleep(rng.expovariate(args.request_rate))
     results = await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - start
+    return list(results), start, time.time()
+
+
+def _drive_part(args, workload, url: str, target: str, start_at: float) -> tuple:
+    """A client process: waits for the common start, runs its share, returns plain tuples."""
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu = time.process_time()
+    results, start, end = asyncio.run(_drive(args, workload, url, target))
+    return ([(r.ok, r.output_tokens, r.ttft, r.itls, r.error) for r in results], start, end,
+            time.process_time() - cpu)
+
+
+async def run_load(args, workload: list[tuple[list[int], int]], url: str, target: str) -> dict:
+    """Drives the workload from `args.client_procs` processes (one event loop each: a single
+    Python client decoding 256 gRPC streams spends ~50 us of CPU a message and can bound the
+    run), each with its share of the requests and of the concurrency, from a common start."""
+    procs = max(1, getattr(args, "client_procs", 1))
+    if procs == 1:
+        cpu = time.process_time()
+        results, start, end = await _drive(args, workload, url, target)
+        client_cpu = time.process_time() - cpu
+    else:
+        import concurrent.futures
+        import copy
+        import multiprocessing
+
+        part_args = copy.copy(args)
+        part_args.concurrency = -(-args.concurrency // procs)
+        if args.request_rate > 0:
+            part_args.request_rate = args.request_rate / procs
+        start_at = time.time() + 5.0  # spawned clients import grpc/httpx first
+        loop = asyncio.get_running_loop()
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(procs, mp_context=ctx) as pool:
+            parts = await asyncio.gather(*(
+                loop.run_in_executor(pool, _drive_part, part_args, workload[i::procs], url,
+                                     target, start_at) for i in range(procs)))
+        results = [Result(ok, n, ttft, itls, error=err)
+                   for part in parts for ok, n, ttft, itls, err in part[0]]
+        start, end = start_at, max(part[2] for part in parts)
+        client_cpu = sum(part[3] for part in parts)
+    elapsed = end - start
     ok = [r for r in results if r.ok]
+    tokens = sum(r.output_tokens for r in ok)
     pct = lambda xs, q: round(1000 * statistics.quantiles(xs, n=100)[q - 1], 2) if len(xs) > 1 else None  # noqa: E731
     ttfts = [r.ttft for r in ok]
     itls = [x for r in ok for x in r.itls]
     return {
         "protocol": args.protocol, "workload": args.workload, "requests": len(results),
         "errors": len(results) - len(ok), "concurrency": args.concurrency,
-        "request_rate": args.request_rate, "seconds": round(elapsed, 3),
-        "output_tok_s": round(sum(r.output_tokens for r in ok) / elapsed, 1),
+        "request_rate": args.request_rate, "client_procs": procs, "seconds": round(elapsed, 3),
+        "output_tok_s": round(tokens / elapsed, 1),
+        # The load generator's own CPU per token, all its processes: when one process's share
+        # nears 1e6 / output_tok_s microseconds, the client, not the stack, is the bound.
+        "client_cpu_us_per_token": round(client_cpu / max(1, tokens) * 1e6, 2),
         **{f"ttft_p{q}_ms": pct(ttfts, q) for q in (50, 90, 99)},
         **{f"itl_p{q}_ms": pct(itls, q) for q in (50, 90, 99)},
         "first_errors": [r.error for r in results if not r.ok][:3],
@@ -186,7 +233,9 @@ def main() -> int:
     p.add_argument("--worker-args", default="")
     p.add_argument("--compare-in-process", action="store_true")
     p.add_argument("--gateway-replicas", type=int, default=1, help="with --launch")
-    p.add_argument("--grpc-channels", type=int, default=8)
+    p.add_argument("--grpc-channels", type=int, default=8, help="per client process")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="load-generator processes sharing the requests and the concurrency")
     p.add_argument("--json", default=None)
     p.add_argument("--samples", default=None,
                    help="append per-request TTFT and ITL samples (JSON lines) for bench/plot.py")

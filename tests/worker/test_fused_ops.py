@@ -82,6 +82,7 @@ def test_silu_and_mul(rows: int, inter: int) -> None:
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv_matches_linear(n: int, k: int, config: tuple[int, int, int, int] | None,
                              bias: bool) -> None:
+    """The first K slice is peeled off the loop (read before the PDL wait on a GPU)."""
     x, w = _randn(1, k), _randn(n, k)
     b = _randn(n) if bias else None
     got = fused_ops.gemv(x, w, b, config=config)
@@ -97,6 +98,14 @@ def test_gemv_folds_silu_and_mul(dtype: torch.dtype) -> None:
     got = fused_ops.gemv(gate_up, w, silu_mul=True, config=(8, 32, 4, 2))
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3)
+
+
+def test_pdl_only_on_cuda() -> None:
+    """CPU tensors (the interpreter) get neither the launch attribute nor the wait
+    instructions: griddepcontrol exists on Hopper GPUs only."""
+    from minisgl_worker.triton_kernels import pdl
+
+    assert pdl.options(torch.zeros(1)) == {"USE_PDL": False}
 
 
 def test_gemv_on_strided_weight_rows() -> None:

@@ -34,6 +34,14 @@ def _k() -> ModuleType:
     return fused_kernels
 
 
+def _pdl(x: torch.Tensor) -> dict[str, bool]:
+    """Programmatic dependent launch for the kernels on a layer's batch-1 path
+    (triton_kernels/pdl.py)."""
+    from ..triton_kernels import pdl
+
+    return pdl.options(x)
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -69,7 +77,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     res = residual if residual is not None else out
     _k()._rmsnorm_kernel[(rows,)](x, res, weight, out, out, s0, s1, res.stride(0), d, heads, d,
                                   eps, HAS_RES=residual is not None, BLOCK=_pow2(d), QUANT=False,
-                                  QMAX=_FP8_MAX, num_warps=4 if d <= 2048 else 8)
+                                  QMAX=_FP8_MAX, num_warps=4 if d <= 2048 else 8, **_pdl(x))
     return out
 
 
@@ -87,7 +95,7 @@ def rmsnorm_quant_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _k()._rmsnorm_kernel[(n,)](x, res, weight, q, scale, x.stride(0), 0, res.stride(0),
                                    q.stride(0), 1, d, eps, HAS_RES=residual is not None,
                                    BLOCK=_pow2(d), QUANT=True, QMAX=_FP8_MAX,
-                                   num_warps=4 if d <= 2048 else 8)
+                                   num_warps=4 if d <= 2048 else 8, **_pdl(x))
     return q, scale
 
 
@@ -155,7 +163,8 @@ def qk_norm_rope_store_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), d, eps,
         HQ=hq, HK=hk, HALF=d // 2, PAGE_SIZE=k_cache.shape[1], HAS_NORM=has_norm,
         TOKENS=tokens, BLOCK_HQ=_pow2(hq), BLOCK_HK=_pow2(hk), BLOCK_D=_pow2(d),
-        BLOCK_HALF=_pow2(d // 2), CACHE_MAX=kv_saturation(k_cache.dtype), num_warps=4)
+        BLOCK_HALF=_pow2(d // 2), CACHE_MAX=kv_saturation(k_cache.dtype), num_warps=4,
+        **_pdl(q))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -217,7 +226,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     _k()._gemv_kernel[(-(-n_rows // block_n),)](
         x, w, s, b, out, n_rows, k, w.stride(0), HAS_BIAS=bias is not None,
         HAS_SCALE=w_scale is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages, **_pdl(x))
     return out
 
 

@@ -21,6 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+from .pdl import release as _pdl_release
+from .pdl import wait as _pdl_wait
+
 _LOG2E = 1.4426950408889634
 # Stage-1 programs worth launching: a full batch (256 x 8 KV heads) still gains from 2 splits
 # on an H100 (bench/gpu_tune_decode.py, Qwen3-0.6B shapes, ~1k-token contexts).
@@ -41,8 +45,10 @@ def _decode_split_kernel(
     stride_lb, stride_lh,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, MMA_FP16: tl.constexpr,
+    PRECISION: tl.constexpr, MMA_FP16: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    _pdl_release(USE_PDL)
+    _pdl_wait(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -116,7 +122,10 @@ def _decode_merge_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, num_splits,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    _pdl_release(USE_PDL)
+    _pdl_wait(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -184,6 +193,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if num_stages is None:
         num_stages = _default_stages(q.device, k_cache.element_size() * block_d)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    launch = pdl.options(q)
     mma_fp16 = k_cache.element_size() == 1 and q.dtype in (torch.bfloat16, torch.float16)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, part_o, part_lse,
@@ -197,12 +207,13 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         PRECISION=precision, MMA_FP16=mma_fp16, num_warps=num_warps, num_stages=num_stages,
+        **launch,
     )
     _decode_merge_kernel[(batch, num_heads)](
         part_o, part_lse, out, num_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-        num_warps=4,
+        num_warps=4, **launch,
     )
     return out
