@@ -16,6 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_kernels import pdl
+from ..triton_kernels.pdl import release as _pdl_release
+from ..triton_kernels.pdl import wait as _pdl_wait
+
 # (max rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, ACC_MODE), from a sweep on an
 # H100 (bench/gpu_check_fp8.py --sweep, Qwen3-8B shapes; the four projections of a layer):
 # 16 rows 84 µs against torch._scaled_mm's 118, 64 rows 88 against 108. At 128 rows the two
@@ -39,10 +43,13 @@ def config_for(m: int) -> Config | None:
 @triton.jit
 def _fp8_gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, m, n, k, stride_a, stride_b,
                      stride_c, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, ACC_MODE: tl.constexpr):
+                     BLOCK_K: tl.constexpr, ACC_MODE: tl.constexpr,
+                     USE_PDL: tl.constexpr = False):
     """c[m, n] = (sum_k a[m, k] * b[n, k]) * sa[m] * sb[n]; a, b fp8 row-major, k a multiple
     of BLOCK_K. Programs walk the M tiles of one N tile first, so a weight slab is fetched from
     memory once and re-read from L2 by the other M tiles."""
+    _pdl_release(USE_PDL)
+    _pdl_wait(USE_PDL)
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(m, BLOCK_M)
     pid_m, pid_n = pid % tiles_m, pid // tiles_m
@@ -86,5 +93,6 @@ def fp8_gemm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tenso
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     _fp8_gemm_kernel[grid](a, b, sa, sb, c, m, n, k, a.stride(0), b.stride(0), c.stride(0),
                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                           ACC_MODE=acc_mode, num_warps=warps, num_stages=stages)
+                           ACC_MODE=acc_mode, num_warps=warps, num_stages=stages,
+                           **pdl.options(a))
     return c

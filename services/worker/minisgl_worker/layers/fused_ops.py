@@ -175,7 +175,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, _pow2(n))
     _k()._silu_mul_kernel[(x.shape[0], -(-n // block))](x, out, x.stride(0), out.stride(0), n,
-                                                          BLOCK=block, num_warps=4)
+                                                          BLOCK=block, num_warps=4, **_pdl(x))
     return out
 
 
@@ -249,5 +249,5 @@ def quantize_rows_fp8(x: torch.Tensor, silu_mul: bool = False,
         _k()._quant_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0),
                                       QMAX=_FP8_MAX,
                                       SILU_MUL=silu_mul, BLOCK=block, ONE_PASS=block >= k,
-                                      num_warps=max(4, min(16, block // 1024)))
+                                      num_warps=max(4, min(16, block // 1024)), **_pdl(x))
     return q, scale
