@@ -154,9 +154,10 @@ def _drive_part(args, workload, url: str, target: str, start_at: float) -> tuple
 
 
 async def run_load(args, workload: list[tuple[list[int], int]], url: str, target: str) -> dict:
-    """Drives the workload from `args.client_procs` processes (one event loop each: a single
-    Python client decoding 256 gRPC streams spends ~50 us of CPU a message and can bound the
-    run), each with its share of the requests and of the concurrency, from a common start."""
+    """Drives the workload from `args.client_procs` processes (one event loop each), each with
+    its share of the requests and of the concurrency, from a common start. A Python client
+    spends 50-80 us of CPU per streamed token; the record reports it, so a run can show whether
+    the load generator, not the stack, was the bound."""
     procs = max(1, getattr(args, "client_procs", 1))
     if procs == 1:
         cpu = time.process_time()

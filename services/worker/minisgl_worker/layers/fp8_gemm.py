@@ -17,8 +17,7 @@ import triton
 import triton.language as tl
 
 from ..triton_kernels import pdl
-from ..triton_kernels.pdl import release as _pdl_release
-from ..triton_kernels.pdl import wait as _pdl_wait
+from ..triton_kernels.pdl import begin as _pdl_begin
 
 # (max rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, ACC_MODE), from a sweep on an
 # H100 (bench/gpu_check_fp8.py --sweep, Qwen3-8B shapes; the four projections of a layer):
@@ -48,8 +47,7 @@ def _fp8_gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, m, n, k, stride_a, str
     """c[m, n] = (sum_k a[m, k] * b[n, k]) * sa[m] * sb[n]; a, b fp8 row-major, k a multiple
     of BLOCK_K. Programs walk the M tiles of one N tile first, so a weight slab is fetched from
     memory once and re-read from L2 by the other M tiles."""
-    _pdl_release(USE_PDL)
-    _pdl_wait(USE_PDL)
+    _pdl_begin(USE_PDL)
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(m, BLOCK_M)
     pid_m, pid_n = pid % tiles_m, pid // tiles_m

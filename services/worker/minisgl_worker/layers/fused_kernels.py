@@ -6,6 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..triton_kernels.pdl import begin as _pdl_begin
 from ..triton_kernels.pdl import release as _pdl_release
 from ..triton_kernels.pdl import wait as _pdl_wait
 
@@ -19,8 +20,7 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, scale_ptr, x_s0, x_s1, res_s
     trip through memory: the two kernels' bytes and scales, except that on an H100 ~15 in 10^8
     bytes come out one fp8 step apart, scales equal (cause not pinned down; no warps setting
     changes it, and _quant_rows_kernel alone equals torch's cast byte for byte)."""
-    _pdl_release(USE_PDL)
-    _pdl_wait(USE_PDL)
+    _pdl_begin(USE_PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -100,8 +100,7 @@ def _rope_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr, q_s0, q_s1, k_s0, k_s1
 @triton.jit
 def _silu_mul_kernel(x_ptr, out_ptr, x_s0, out_s0, n, BLOCK: tl.constexpr,
                      USE_PDL: tl.constexpr = False):
-    _pdl_release(USE_PDL)
-    _pdl_wait(USE_PDL)
+    _pdl_begin(USE_PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < n
@@ -175,8 +174,7 @@ def _qk_norm_rope_store_kernel(
     # One layer's attention prologue for TOKENS tokens per program: q heads normed + rotated in
     # place; k heads normed + rotated in place and into the K cache; v copied into the V cache.
     # A negative slot (padding) writes no cache row, but q/k are still done (attention reads q).
-    _pdl_release(USE_PDL)
-    _pdl_wait(USE_PDL)
+    _pdl_begin(USE_PDL)
     d = tl.arange(0, BLOCK_HALF)[None, :]
     dm = d < HALF
     hk = tl.arange(0, BLOCK_HK)[:, None]
@@ -269,8 +267,7 @@ def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, k, stride_x, stride_q, QMAX: tl.cons
     """Dynamic per-row fp8 quantization of one activation row per program: s = max|x| / QMAX
     (a zero row gets the smallest normal fp32 instead), q = x / s saturated at +-QMAX. With
     ONE_PASS the row fits one BLOCK and is read once; otherwise twice (then from L1/L2)."""
-    _pdl_release(USE_PDL)
-    _pdl_wait(USE_PDL)
+    _pdl_begin(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     if ONE_PASS:

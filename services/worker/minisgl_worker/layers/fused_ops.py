@@ -35,8 +35,7 @@ def _k() -> ModuleType:
 
 
 def _pdl(x: torch.Tensor) -> dict[str, bool]:
-    """Programmatic dependent launch for the kernels on a layer's batch-1 path
-    (triton_kernels/pdl.py)."""
+    """Launch keywords for programmatic dependent launch (triton_kernels/pdl.py)."""
     from ..triton_kernels import pdl
 
     return pdl.options(x)

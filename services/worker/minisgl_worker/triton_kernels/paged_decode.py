@@ -22,8 +22,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from .pdl import release as _pdl_release
-from .pdl import wait as _pdl_wait
+from .pdl import begin as _pdl_begin
 
 _LOG2E = 1.4426950408889634
 # Stage-1 programs worth launching: a full batch (256 x 8 KV heads) still gains from 2 splits
@@ -47,8 +46,7 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, MMA_FP16: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
-    _pdl_release(USE_PDL)
-    _pdl_wait(USE_PDL)
+    _pdl_begin(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -124,8 +122,7 @@ def _decode_merge_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    _pdl_release(USE_PDL)
-    _pdl_wait(USE_PDL)
+    _pdl_begin(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)

@@ -41,6 +41,13 @@ def options(x: torch.Tensor) -> dict[str, bool]:
 
 
 @triton.jit
+def begin(USE_PDL: tl.constexpr):
+    """The start of a kernel whose every input comes from the kernels before it."""
+    release(USE_PDL)
+    wait(USE_PDL)
+
+
+@triton.jit
 def release(USE_PDL: tl.constexpr):
     """Lets the next kernel in the stream be launched (it still waits before touching memory)."""
     if USE_PDL:
