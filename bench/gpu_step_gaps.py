@@ -39,6 +39,7 @@ def main() -> int:
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--quantization", default="none", choices=["none", "fp8"])
     p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--max-prefill-tokens", type=int, default=None)
     args = p.parse_args()
 
     import torch
@@ -47,7 +48,9 @@ def main() -> int:
 
     llm = LLM(args.model, load_format="dummy", max_running_requests=256,
               attention_backend=args.attention_backend, kv_cache_dtype=args.kv_cache_dtype,
-              quantization=args.quantization)
+              quantization=args.quantization,
+              **({"max_prefill_tokens": args.max_prefill_tokens}
+                 if args.max_prefill_tokens else {}))
     prompts, outs = workload(256)
     warm_up(llm, args.temperature)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)

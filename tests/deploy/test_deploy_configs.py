@@ -63,6 +63,15 @@ def test_chart_renders_with_real_flags(values_file: str | None) -> None:
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             args = [a for a in container.get("args", []) if a not in MODULES]
             assert_flags_exist(container["name"], args)
+    # Tokenize calls spread over the tokenizer pods: a headless Service, resolved by grpc's DNS
+    # resolver into one address per pod (the gateway's tokenizer channel is round robin).
+    services = {d["metadata"]["name"].rsplit("-", 1)[-1]: d for d in docs if d["kind"] == "Service"}
+    assert services["tokenizer"]["spec"].get("clusterIP") == "None"
+    gateway = deployments["gateway"]["spec"]["template"]["spec"]["containers"][0]
+    tokenizer_arg = next(a for a in gateway["args"] if a.startswith("--tokenizer="))
+    name = services["tokenizer"]["metadata"]["name"]
+    port = services["tokenizer"]["spec"]["ports"][0]["port"]
+    assert tokenizer_arg == f"--tokenizer=dns:///{name}:{port}"
     if values_file == "values-tp8.yaml":
         worker = next(c for c in deployments["engine"]["spec"]["template"]["spec"]["containers"]
                       if c["name"] == "worker")
@@ -80,6 +89,34 @@ def test_compose_services_use_real_flags() -> None:
         assert_flags_exist(name, command)
     for mount in services["prometheus"]["volumes"] + services["envoy"]["volumes"]:
         assert (ROOT / mount.split(":")[0]).exists(), mount
+
+
+def _flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_compose_gateway_replicas_are_all_reached() -> None:
+    """Envoy and Prometheus must see every gateway replica, on the ports the gateway listens on:
+    Envoy through STRICT_DNS clusters (all addresses of the name), Prometheus through DNS-SD."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    gateway = compose["services"]["gateway"]
+    http_port, grpc_port = (int(_flag(gateway["command"], f)) for f in ("--port", "--grpc-port"))
+    assert gateway.get("deploy", {}).get("replicas", 1) >= 2
+    envoy = yaml.safe_load((ROOT / "deploy/envoy/envoy.yaml").read_text())
+    clusters = {c["name"]: c for c in envoy["static_resources"]["clusters"]}
+    for name, port in (("gateway_http", http_port), ("gateway_grpc", grpc_port)):
+        cluster = clusters[name]
+        assert cluster["type"] == "STRICT_DNS"
+        [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        address = endpoint["endpoint"]["address"]["socket_address"]
+        assert (address["address"], address["port_value"]) == ("gateway", port)
+    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    sd = [c for job in prometheus["scrape_configs"] for c in job.get("dns_sd_configs", [])]
+    assert {"names": ["gateway"], "port": http_port} in [
+        {"names": c["names"], "port": c["port"]} for c in sd]
+    static = [t for job in prometheus["scrape_configs"] for c in job.get("static_configs", [])
+              for t in c["targets"]]
+    assert not [t for t in static if t.startswith("gateway:")], "a static target hits one replica"
 
 
 def test_grafana_dashboard_is_generated_from_script() -> None:

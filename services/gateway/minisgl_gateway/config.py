@@ -54,7 +54,8 @@ def _parser() -> ServiceArgs:
     args.add("--host", d.host, "address of the HTTP and gRPC listeners")
     args.add("--port", d.port, "OpenAI-compatible HTTP port", int)
     args.add("--grpc-port", d.grpc_port, "public gRPC port (minisgl.v1.Generation)", int)
-    args.add("--tokenizer", d.tokenizer, "tokenizer service address")
+    args.add("--tokenizer", d.tokenizer, "tokenizer service address; calls go round robin over "
+             "every address it resolves to (e.g. dns:///tokenizer:50061 for a headless Service)")
     args.add("--detokenizer", d.detokenizer, "detokenizer service address")
     args.add("--scheduler", d.scheduler, "scheduler service address")
     args.add("--model-name", d.model_name, "served model id (default: the tokenizer's model name)")

@@ -39,11 +39,16 @@ class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.limits = config.limits
+        # Tokenize calls are stateless: round robin over every address the tokenizer target
+        # resolves to (a headless Kubernetes Service, `dns:///name:port`, gives one per pod),
+        # where the default pick_first would pin this gateway to one replica. The detokenizer
+        # and scheduler hold per-request state on one long-lived stream: first address only.
+        spread = [*GRPC_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
         self._channels = {
-            name: grpc.aio.insecure_channel(target, options=GRPC_OPTIONS)
-            for name, target in (("tokenizer", config.tokenizer),
-                                 ("detokenizer", config.detokenizer),
-                                 ("scheduler", config.scheduler))
+            name: grpc.aio.insecure_channel(target, options=options)
+            for name, target, options in (("tokenizer", config.tokenizer, spread),
+                                          ("detokenizer", config.detokenizer, GRPC_OPTIONS),
+                                          ("scheduler", config.scheduler, GRPC_OPTIONS))
         }
         self._tokenizer = tokenizer_pb2_grpc.TokenizerStub(self._channels["tokenizer"])
         self.pipeline = Pipeline(self._channels["scheduler"], self._channels["detokenizer"],
