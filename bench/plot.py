@@ -33,6 +33,7 @@ def main() -> int:
         raise SystemExit("bench/plot.py needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -51,7 +52,7 @@ def main() -> int:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent streams")
     ax.set_ylabel("output tokens / s")
-    ax.set_title(a.title or "Throughput against concurrency")
+    ax.set_title(a.title or "Throughput against concurrency", fontsize=9, wrap=True)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -67,6 +68,7 @@ def main() -> int:
     for ax, name in zip(axes, ("time to first token (ms)", "inter-token latency (ms)"),
                         strict=True):
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # only decades are labelled
         ax.set_xlabel(name)
         ax.set_ylabel("fraction of samples")
         ax.grid(alpha=0.3)
