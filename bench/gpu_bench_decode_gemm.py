@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,9 +29,11 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services" / "worker"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from gpu_timing import graph_replay_ms  # noqa: E402
 from minisgl_worker.layers import fused_ops  # noqa: E402
 from minisgl_worker.triton_kernels import pdl  # noqa: E402
 from minisgl_worker.triton_kernels.pdl import begin as _pdl_begin  # noqa: E402
@@ -151,25 +152,6 @@ def grid() -> list[Config]:
     return out
 
 
-def timed_graph(body: Callable[[], object], repeats: int) -> float:
-    """Median ms of one replay of a graph holding body()."""
-    body()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.float() - ref).abs().max() / ref.abs().max())
 
@@ -186,14 +168,14 @@ def alone(model: str, rows: list[int], repeats: int, emit: Callable[[dict], None
             ref = x.float() @ weights[0].float().T
             err_cublas = rel_err(F.linear(x, weights[0]), ref)
             us = {}
-            ms = timed_graph(lambda x=x, ws=weights: [F.linear(x, w) for w in ws], repeats)
+            ms = graph_replay_ms(lambda x=x, ws=weights: [F.linear(x, w) for w in ws], repeats)
             us["cublas"] = ms * 1000 / copies
             for cfg in grid():
                 if not usable(x, weights[0], cfg):
                     continue
                 try:
                     err = rel_err(gemm(x, weights[0], cfg), ref)
-                    ms = timed_graph(lambda c=cfg, x=x, ws=weights: [gemm(x, w, c) for w in ws],
+                    ms = graph_replay_ms(lambda c=cfg, x=x, ws=weights: [gemm(x, w, c) for w in ws],
                                      repeats)
                 except Exception as exc:  # e.g. shared memory over the limit
                     emit({"model": model, "kind": kind, "m": m, "config": cfg,
@@ -258,7 +240,7 @@ def chain_rows(model: str, m: int, w: list[dict[str, torch.Tensor]],
     for name, prod in variants.items():
         out[f"{name}_err"] = rel_err(run(prod), ref) if name != "cublas" else 0.0
         out[f"{name}_us_per_layer"] = round(
-            timed_graph(lambda p=prod: run(p), repeats) * 1000 / layers, 2)
+            graph_replay_ms(lambda p=prod: run(p), repeats) * 1000 / layers, 2)
     floor = sum(n * k * 2 for n, k in shapes(model).values()) / 3.0e12 * 1e6
     out["weight_floor_us"] = round(floor, 2)
     return out

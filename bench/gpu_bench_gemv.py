@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,9 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services" / "worker"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from gpu_timing import graph_replay_ms  # noqa: E402
 from minisgl_worker.layers import fused_ops  # noqa: E402
 
 # name -> (hidden, intermediate, q heads, kv heads, head_dim, vocab)
@@ -48,24 +49,13 @@ def shapes(model: str) -> dict[str, tuple[int, int]]:
 def graph_us(call: Callable[[torch.Tensor], object], weights: list[torch.Tensor],
              repeats: int) -> float:
     """Median time of one call, from CUDA-graph replays of len(weights) x 10 calls."""
-    for w in weights[:2]:
-        call(w)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def body() -> None:
         for _ in range(10):
             for w in weights:
                 call(w)
-    graph.replay()
-    times = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / (10 * len(weights)))
-    return statistics.median(times)
+
+    return graph_replay_ms(body, repeats) * 1e3 / (10 * len(weights))
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

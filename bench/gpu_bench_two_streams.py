@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +33,9 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services" / "worker"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from gpu_timing import graph_replay_ms  # noqa: E402
 from minisgl_worker.layers import fused_ops  # noqa: E402
 from minisgl_worker.triton_kernels.paged_decode import (  # noqa: E402
     choose_num_splits,
@@ -105,25 +106,6 @@ class Stack:
         return x
 
 
-def graph_ms(body: Callable[[], object], repeats: int) -> float:
-    """Median ms of one replay of a graph capturing body()."""
-    body()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def measure(batch: int, layers: int, ctx: tuple[int, int], repeats: int) -> tuple[dict, bool]:
     st = Stack(batch, layers, ctx)
     half = batch // 2
@@ -169,7 +151,7 @@ def measure(batch: int, layers: int, ctx: tuple[int, int], repeats: int) -> tupl
     outputs = {}
     for name, body in (("one", one), ("halves", halves), ("streams", streams),
                        ("staggered", staggered)):
-        rec[f"{name}_us_per_layer"] = round(graph_ms(body, repeats) * 1000 / layers, 2)
+        rec[f"{name}_us_per_layer"] = round(graph_replay_ms(body, repeats) * 1000 / layers, 2)
         body()
         torch.cuda.synchronize()
         outputs[name] = out.clone()
@@ -177,7 +159,7 @@ def measure(batch: int, layers: int, ctx: tuple[int, int], repeats: int) -> tupl
         def alone(p: str = parts) -> None:
             res.zero_()
             st.forward(x0, res, 0, batch, p)
-        rec[f"{parts}_alone_us_per_layer"] = round(graph_ms(alone, repeats) * 1000 / layers, 2)
+        rec[f"{parts}_alone_us_per_layer"] = round(graph_replay_ms(alone, repeats) * 1000 / layers, 2)
     rec["attention_tb_s"] = round(st.kv_bytes / layers / (rec["attention_alone_us_per_layer"]
                                                           * 1e-6) / 1e12, 2)
     for name in ("streams", "staggered"):
