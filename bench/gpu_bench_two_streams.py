@@ -54,9 +54,8 @@ class Stack:
         self.seq_lens = torch.randint(ctx[0], ctx[1] + 1, (batch,), generator=g)
         pages_each = (self.seq_lens + PAGE - 1) // PAGE
         total = int(pages_each.sum())
-        self.max_pages = int(pages_each.max())
         perm = torch.randperm(total, generator=g)  # pages scattered over the pool
-        table = torch.zeros(batch, self.max_pages, dtype=torch.int32)
+        table = torch.zeros(batch, int(pages_each.max()), dtype=torch.int32)
         at = 0
         for i, n in enumerate(pages_each.tolist()):
             table[i, :n] = perm[at:at + n]
