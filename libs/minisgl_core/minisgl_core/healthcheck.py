@@ -1,0 +1,60 @@
+"""One probe command for every image and pod: exit 0 when the service answers healthy, 1 otherwise.
+
+    python -m minisgl_core.healthcheck grpc 127.0.0.1:50063 [--service minisgl.v1.Scheduler]
+    python -m minisgl_core.healthcheck http http://127.0.0.1:8000/ready
+
+Docker's HEALTHCHECK and Kubernetes exec probes run it inside the container, so it reaches the
+service on loopback whatever interface the service binds. It needs only what minisgl_core needs
+(grpcio and the standard library): the CPU images without torch can run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import urllib.error
+import urllib.request
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def grpc_healthy(target: str, service: str = "", timeout: float = 2.0) -> tuple[bool, str]:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as exc:
+            return False, f"{exc.code().name}: {exc.details()}"
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING, status
+
+
+def http_healthy(url: str, timeout: float = 2.0) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 - operator's URL
+            return 200 <= reply.status < 300, f"HTTP {reply.status}"
+    except urllib.error.HTTPError as exc:
+        return False, f"HTTP {exc.code}"
+    except OSError as exc:
+        return False, str(exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minisgl_core.healthcheck",
+                                     description="exit 0 if the service is healthy")
+    parser.add_argument("kind", choices=["grpc", "http"])
+    parser.add_argument("target", help="HOST:PORT for grpc, a URL for http")
+    parser.add_argument("--service", default="", help="gRPC health service name ('' = server)")
+    parser.add_argument("--timeout", type=float, default=2.0, help="seconds")
+    args = parser.parse_args(argv)
+    if args.kind == "grpc":
+        ok, detail = grpc_healthy(args.target, args.service, args.timeout)
+    else:
+        ok, detail = http_healthy(args.target, args.timeout)
+    print(f"{args.target}: {detail}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
