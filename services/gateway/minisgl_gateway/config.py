@@ -43,6 +43,8 @@ class GatewayConfig:
     drain_timeout: float = 30.0  # SIGTERM: seconds in-flight requests may take to finish
     startup_timeout: float = 120.0  # waiting for the upstreams at start-up
     upstream_timeout: float = 30.0  # unary upstream calls (Tokenize, DecodeTokens)
+    internal_token_file: str = ""  # the token sent on every upstream call (minisgl_core.security)
+    internal_tls_dir: str = ""  # mTLS to the upstreams: ca.crt, tls.crt, tls.key
     limits: Limits = field(default_factory=Limits)
 
 
@@ -72,6 +74,7 @@ def _parser() -> ServiceArgs:
              float)
     args.add("--startup-timeout", d.startup_timeout, "seconds to wait for the upstreams", float)
     args.add("--upstream-timeout", d.upstream_timeout, "seconds for unary upstream calls", float)
+    args.add_internal_security()
     args.add("--max-concurrent-requests", lim.max_concurrent_requests,
              "generation requests in flight; more get 429 + Retry-After", int)
     args.add("--max-body-bytes", lim.max_body_bytes, "largest HTTP body; larger get 413", int)
@@ -117,6 +120,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
         reuse_port=ns.reuse_port,
         drain_timeout=ns.drain_timeout, startup_timeout=ns.startup_timeout,
         upstream_timeout=ns.upstream_timeout, limits=limits,
+        internal_token_file=ns.internal_token_file, internal_tls_dir=ns.internal_tls_dir,
     )
 
 

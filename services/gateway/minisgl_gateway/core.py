@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from minisgl_core.proto.minisgl.v1 import tokenizer_pb2, tokenizer_pb2_grpc
-from minisgl_core.serving import GRPC_OPTIONS
+from minisgl_core.security import from_args
+from minisgl_core.serving import GRPC_OPTIONS, aio_channel
 
 from minisgl_gateway import metrics
 from minisgl_gateway.config import GatewayConfig
@@ -44,8 +45,9 @@ class Gateway:
         # where the default pick_first would pin this gateway to one replica. The detokenizer
         # and scheduler hold per-request state on one long-lived stream: first address only.
         spread = [*GRPC_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+        security = from_args(config.internal_token_file, config.internal_tls_dir)
         self._channels = {
-            name: grpc.aio.insecure_channel(target, options=options)
+            name: aio_channel(target, options, security)
             for name, target, options in (("tokenizer", config.tokenizer, spread),
                                           ("detokenizer", config.detokenizer, GRPC_OPTIONS),
                                           ("scheduler", config.scheduler, GRPC_OPTIONS))
