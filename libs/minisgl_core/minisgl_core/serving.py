@@ -51,6 +51,12 @@ GRPC_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
+def server_options(max_receive_bytes: int) -> list[tuple[str, Any]]:
+    """GRPC_OPTIONS with another receive limit (gRPC keeps the first of duplicate keys)."""
+    return [(k, max_receive_bytes if k == "grpc.max_receive_message_length" else v)
+            for k, v in GRPC_OPTIONS]
+
+
 def message_limit(max_model_len: int) -> int:
     """The largest message an internal server accepts for a model with this context window: one
     full-context prompt as ids or text (a batch of a whole gateway body at least), capped."""
@@ -78,7 +84,7 @@ class ServiceHost:
         limit = min(max_message_bytes, MAX_MESSAGE_BYTES)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
-            options=[*GRPC_OPTIONS, ("grpc.max_receive_message_length", limit)],
+            options=server_options(limit),
             interceptors=self.security.server_interceptors(),
         )
         self.health = health.HealthServicer()

@@ -36,6 +36,26 @@ class ModelInfo:
     vocab_size: int
 
 
+@dataclass
+class Slot:
+    """One admitted generation request (`Gateway.reserve`); release it exactly once."""
+
+    gateway: Gateway
+    held: bool = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.gateway.active -= 1
+            metrics.RUNNING.dec()
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
@@ -120,9 +140,10 @@ class Gateway:
         if name and name != self.info.name:
             raise model_error(name)
 
-    @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
-        """Counts a generation request in flight; refuses past the limit or while draining."""
+    def reserve(self) -> Slot:
+        """Counts a generation request in flight until the slot is released; refuses past the
+        limit or while draining. Taken before the request's body is read or parsed, so that a
+        refusal under overload costs next to nothing."""
         if self.draining:
             raise unavailable_error("the gateway is shutting down", self.limits.retry_after_s)
         if self.active >= self.limits.max_concurrent_requests:
@@ -131,11 +152,12 @@ class Gateway:
                              self.limits.retry_after_s)
         self.active += 1
         metrics.RUNNING.inc()
-        try:
+        return Slot(self)
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        with self.reserve():
             yield
-        finally:
-            self.active -= 1
-            metrics.RUNNING.dec()
 
     # -- upstream calls ----------------------------------------------------------------------
 
