@@ -281,30 +281,33 @@ def parse_json(raw: bytes, max_items: int = 0) -> Any:
     return value
 
 
-def _check_strings(value: Any, depth: int, max_items: int = 0, max_chars: int = 0) -> None:
+def _check_strings(value: Any, depth: int, max_items: int = 0, max_chars: int = 0,
+                   param: str | None = None) -> None:
+    """`param`: the top-level field `value` is in (named in the error)."""
     # JSON escapes can produce lone surrogates ("\ud800"), which are not UTF-8-encodable text.
     if depth > 64:
         raise invalid("the request body nests too deeply")
     if max_items and isinstance(value, list | dict) and len(value) > max_items:
         raise invalid(f"an array or object in the request body has {len(value)} items; at most "
                       f"{max_items} are allowed (the context window)",
-                      code="context_length_exceeded")
+                      param=param, code="context_length_exceeded")
     if isinstance(value, str):
         if max_chars and len(value) > max_chars:
             raise invalid(f"a string in the request body has {len(value)} characters; no prompt "
                           f"longer than {max_chars} fits the context window",
-                          code="context_length_exceeded")
+                          param=param, code="context_length_exceeded")
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise invalid("the request body contains an invalid unicode escape") from None
     elif isinstance(value, dict):
         for k, v in value.items():
-            _check_strings(k, depth + 1, max_items, max_chars)
-            _check_strings(v, depth + 1, max_items, max_chars)
+            field = k if depth == 0 and isinstance(k, str) else param
+            _check_strings(k, depth + 1, max_items, max_chars, field)
+            _check_strings(v, depth + 1, max_items, max_chars, field)
     elif isinstance(value, list):
         for v in value:
-            _check_strings(v, depth + 1, max_items, max_chars)
+            _check_strings(v, depth + 1, max_items, max_chars, param)
 
 
 Endpoint = Literal["chat", "completion"]
