@@ -75,6 +75,8 @@ def main() -> int:
     ap.add_argument("--gateway-replicas", type=int, default=1)
     ap.add_argument("--grpc-channels", type=int, default=8)
     ap.add_argument("--client-procs", type=int, default=1)
+    ap.add_argument("--internal-auth", choices=["none", "token", "mtls"], default="token",
+                    help="internal RPCs open, with the per-run token, or token over mTLS")
     ap.add_argument("--serve-worker-port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_worker_port:
@@ -83,7 +85,7 @@ def main() -> int:
         return 0
 
     from minisgl.launcher import Stack, StackConfig, free_port
-    from serving import build_workload, run_load
+    from serving import _make_certs, build_workload, run_load
 
     class NullWorkerStack(Stack):
         def _command(self, name: str) -> list[str]:
@@ -97,7 +99,8 @@ def main() -> int:
         internal_ports=dict.fromkeys(("worker", "tokenizer", "detokenizer", "scheduler"), 0),
         log_dir=Path("/tmp/minisgl-ceiling-logs"),
         log_level=os.environ.get("CEILING_LOG", "warning"), metrics=False,
-        gateway_replicas=args.gateway_replicas)).start()
+        gateway_replicas=args.gateway_replicas, internal_token=args.internal_auth != "none",
+        internal_tls_dir=_make_certs() if args.internal_auth == "mtls" else "")).start()
     try:
         print("pids", {k: p.pid for k, p in stack.processes.items()}, flush=True)
         args.workload, args.request_rate = "random", 0.0

@@ -5,6 +5,9 @@
     # start the five-service stack itself, and first run the same workload in-process for the ratio
     python bench/serving.py --launch --model models/configs/Qwen3-0.6B --load-format dummy \
         --compare-in-process
+    # the cost of internal mTLS: the same launch with --internal-auth none, token (the
+    # launcher's default) or mtls (certificates from scripts/gen_internal_certs.py)
+    python bench/serving.py --launch --model ... --internal-auth mtls
 
 Workloads: `random` (nano-vllm's: token-id prompts, ignore_eos) or `shared-prefix` (a common system
 prompt followed by a random suffix). Load: fixed concurrency, or a Poisson request rate.
@@ -270,6 +273,20 @@ async def warm_up_stack(args, url: str, target: str) -> None:
         raise SystemExit(f"the warm-up load failed: {rec['first_errors']}")
 
 
+def _make_certs() -> str:
+    """A fresh CA and service certificates (scripts/gen_internal_certs.py) in a temp dir."""
+    import importlib.util
+    import tempfile
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gen_internal_certs.py"
+    spec = importlib.util.spec_from_file_location("gen_internal_certs", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    out = tempfile.mkdtemp(prefix="minisgl-certs-")
+    module.generate(Path(out))
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
@@ -292,6 +309,12 @@ def main() -> int:
                         "openai client's transport (one process saturated at ~15k tok/s)")
     p.add_argument("--client-procs", type=int, default=1,
                    help="load-generator processes sharing the requests and the concurrency")
+    p.add_argument("--internal-auth", choices=["none", "token", "mtls"], default="token",
+                   help="with --launch: internal RPCs open, with the per-run token, or with the "
+                        "token over mTLS")
+    p.add_argument("--internal-tls-dir", default="",
+                   help="with --internal-auth mtls: gen_internal_certs.py's OUTDIR (default: "
+                        "fresh certificates in a temp dir)")
     p.add_argument("--json", default=None)
     p.add_argument("--samples", default=None,
                    help="append per-request TTFT and ITL samples (JSON lines) for bench/plot.py")
@@ -308,6 +331,10 @@ def main() -> int:
         from minisgl.launcher import Stack, StackConfig, free_port
 
         worker_args = ["--load-format", args.load_format, *shlex.split(args.worker_args)]
+        tls_dir = ""
+        if args.internal_auth == "mtls":
+            tls_dir = args.internal_tls_dir or _make_certs()
+        record["internal_auth"] = args.internal_auth
         stack = Stack(StackConfig(model_path=args.model, http_port=free_port(),
                                   grpc_port=free_port(),
                                   internal_ports=dict.fromkeys(
@@ -315,6 +342,8 @@ def main() -> int:
                                   extra_args={"worker": worker_args},
                                   log_dir=Path("/tmp/minisgl-bench-logs"), log_level="warning",
                                   gateway_replicas=args.gateway_replicas,
+                                  internal_token=args.internal_auth != "none",
+                                  internal_tls_dir=tls_dir,
                                   startup_timeout=900)).start()
         args.url, args.grpc_target = stack.http_url, stack.grpc_target
     records = []

@@ -39,6 +39,9 @@ def stack(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         internal_ports={"worker": 0, "tokenizer": 0, "detokenizer": 0, "scheduler": 0},
         log_dir=tmp_path_factory.mktemp("stack-logs"),
         log_level="info",
+        # Tests across the suite call the internal services directly; tests/e2e/test_internal_auth.py
+        # covers the token and mTLS (the launcher's default is a token).
+        internal_token=False,
     )
     stack = Stack(config).start()
     try:

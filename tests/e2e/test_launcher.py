@@ -91,7 +91,8 @@ def test_gateway_replicas_share_the_public_ports(tiny_model_path: Path, tmp_path
     stack = Stack(StackConfig(
         model_path=str(tiny_model_path), http_port=http, grpc_port=grpc_port,
         internal_ports=dict.fromkeys(("worker", "tokenizer", "detokenizer", "scheduler"), 0),
-        log_dir=tmp_path, log_level="warning", gateway_replicas=2)).start()
+        log_dir=tmp_path, log_level="warning", gateway_replicas=2,
+        internal_token=False)).start()  # a gateway of the test's own joins its upstreams
     try:
         gateways = [stack.processes["gateway"], stack.processes["gateway-1"]]
         for p in gateways:

@@ -76,7 +76,8 @@ def small_stack(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
     config = StackConfig(
         model_path=str(tiny_model_path), http_port=free_port(), grpc_port=free_port(),
         internal_ports={"worker": 0, "tokenizer": 0, "detokenizer": 0, "scheduler": 0},
-        extra_args={"gateway": ["--retry-after", RETRY_AFTER]}, log_dir=log_dir, metrics=False)
+        extra_args={"gateway": ["--retry-after", RETRY_AFTER]}, log_dir=log_dir, metrics=False,
+        internal_token=False)  # the tests poll the scheduler directly
     live = LiveStack(Stack(config).start(), log_dir)
     try:
         yield live

@@ -31,6 +31,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gateway-replicas", type=int, default=1,
                    help="gateway processes sharing the public ports (one carries ~10k "
                         "streamed tokens/s)")
+    p.add_argument("--internal-token", action=argparse.BooleanOptionalAction, default=True,
+                   help="a random per-run token on every internal RPC, so other local users "
+                        "cannot drive the internal services")
+    p.add_argument("--internal-tls-dir", default="", metavar="DIR",
+                   help="mTLS between the services: the OUTDIR of scripts/gen_internal_certs.py")
     for name in ("worker", "scheduler", "tokenizer", "detokenizer", "gateway"):
         p.add_argument(f"--{name}-args", default="", metavar="FLAGS",
                        help=f"extra flags for the {name} (one quoted string)")
@@ -43,7 +48,9 @@ def serve(args: argparse.Namespace) -> int:
     stack = Stack(StackConfig(model_path=args.model, host=args.host, http_port=args.port,
                               grpc_port=args.grpc_port, extra_args=extra,
                               log_level=args.log_level,
-                              gateway_replicas=max(1, args.gateway_replicas)))
+                              gateway_replicas=max(1, args.gateway_replicas),
+                              internal_token=args.internal_token,
+                              internal_tls_dir=args.internal_tls_dir))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

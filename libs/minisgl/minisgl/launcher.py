@@ -2,6 +2,11 @@
 
 The same code serves `minisgl serve` and the end-to-end tests. Each child gets PR_SET_PDEATHSIG so that
 no service outlives the launcher, even when the launcher itself is killed with SIGKILL.
+
+Internal RPCs carry a random per-run token by default (written to a 0600 temp file every child
+reads through MINISGL_INTERNAL_TOKEN_FILE), so other users of the host cannot drive the
+internal services on loopback. `internal_tls_dir` (scripts/gen_internal_certs.py's OUTDIR) adds
+mTLS: each service gets its own OUTDIR/<service> through MINISGL_INTERNAL_TLS_DIR.
 """
 
 from __future__ import annotations
@@ -10,16 +15,19 @@ import contextlib
 import ctypes
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from minisgl_core.config import DEFAULT_PORTS, env_default
+from minisgl_core.security import TLS_DIR_ENV, TOKEN_FILE_ENV, InternalSecurity
 from minisgl_core.serving import wait_for_health
 
 log = logging.getLogger(__name__)
@@ -78,6 +86,8 @@ class StackConfig:
     # roughly 10k streamed tokens/s, so a fast GPU needs several. Each has its own upstream
     # streams; the kernel spreads client connections over them.
     gateway_replicas: int = 1
+    internal_token: bool = True  # a random token on every internal RPC (off: open internals)
+    internal_tls_dir: str = ""  # gen_internal_certs.py OUTDIR: mTLS between the services
 
 
 class Stack:
@@ -92,6 +102,27 @@ class Stack:
         self.metrics_ports = {k: (free_port() if config.metrics else 0) for k in self.ports}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
+        self.token_file: Path | None = None
+        # The launcher's own health checks present a client certificate when mTLS is on.
+        self.security = InternalSecurity.load(
+            tls_dir=str(Path(config.internal_tls_dir) / "gateway") if config.internal_tls_dir
+            else "")
+
+    def _make_token_file(self) -> None:
+        if not self.config.internal_token or self.token_file is not None:
+            return
+        fd, path = tempfile.mkstemp(prefix="minisgl-token-")  # mode 0600, this user only
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+        self.token_file = Path(path)
+
+    def _security_env(self, name: str) -> dict[str, str]:
+        env = {}
+        if self.token_file is not None:
+            env[TOKEN_FILE_ENV] = str(self.token_file)
+        if self.config.internal_tls_dir:
+            env[TLS_DIR_ENV] = str(Path(self.config.internal_tls_dir) / name)
+        return env
 
     @property
     def http_url(self) -> str:
@@ -135,7 +166,8 @@ class Stack:
             self.config.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.config.log_dir / f"{key or name}.log", "wb")  # noqa: SIM115 - closed in stop()
             self._logs.append(out)
-        env = {**os.environ, **self.config.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self._security_env(name), **self.config.env,
+               "PYTHONUNBUFFERED": "1"}
         self.processes[key or name] = subprocess.Popen(
             self._command(name), stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
             preexec_fn=_die_with_parent, start_new_session=True,
@@ -148,7 +180,8 @@ class Stack:
                 raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up"
                                    + self._log_hint(name))
             try:
-                wait_for_health(target, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                wait_for_health(target, timeout=min(2.0, max(0.1, deadline - time.monotonic())),
+                                security=self.security if name != "gateway" else None)
                 return
             except TimeoutError:
                 if time.monotonic() > deadline:
@@ -177,6 +210,7 @@ class Stack:
     def start(self) -> Stack:
         deadline = time.monotonic() + self.config.startup_timeout
         try:
+            self._make_token_file()
             for name in ("worker", "tokenizer", "detokenizer"):
                 self._spawn(name)
             for name in ("worker", "tokenizer", "detokenizer"):
@@ -212,6 +246,9 @@ class Stack:
             f.close()
         self._logs.clear()
         self.processes.clear()
+        if self.token_file is not None:
+            self.token_file.unlink(missing_ok=True)
+            self.token_file = None
         return codes
 
     def __enter__(self) -> Stack:

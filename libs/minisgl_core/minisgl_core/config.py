@@ -67,9 +67,23 @@ class ServiceArgs:
         self.add("--port", port, "gRPC port", int)
         if metrics_port is not None:
             self.add("--metrics-port", metrics_port, "Prometheus /metrics port (0: off)", int)
+            self.add("--metrics-host", "", "address of the /metrics listener ('': as --host)")
+        self.add_internal_security()
         self.add("--log-level", os.environ.get("MINISGL_LOG_LEVEL", "info"), "log level",
                  choices=["debug", "info", "warning", "error"])
         self.add("--drain-timeout", 30.0, "seconds to finish in-flight work on SIGTERM", float)
+
+    def add_internal_security(self) -> None:
+        """--internal-token-file / --internal-tls-dir (minisgl_core.security); their env fallbacks
+        are the same for every service, so one setting covers a whole deployment."""
+        self.parser.add_argument(
+            "--internal-token-file", default=os.environ.get("MINISGL_INTERNAL_TOKEN_FILE", ""),
+            metavar="PATH", help="file holding the shared token every internal RPC carries "
+            "(env MINISGL_INTERNAL_TOKEN_FILE; '': no token)")
+        self.parser.add_argument(
+            "--internal-tls-dir", default=os.environ.get("MINISGL_INTERNAL_TLS_DIR", ""),
+            metavar="DIR", help="mTLS between services: DIR holds ca.crt, tls.crt, tls.key "
+            "(env MINISGL_INTERNAL_TLS_DIR; '': plaintext)")
 
     def parse(self, argv: list[str] | None = None) -> argparse.Namespace:
         return self.parser.parse_args(argv)

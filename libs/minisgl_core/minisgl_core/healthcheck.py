@@ -6,11 +6,15 @@
 Docker's HEALTHCHECK and Kubernetes exec probes run it inside the container, so it reaches the
 service on loopback whatever interface the service binds. It needs only what minisgl_core needs
 (grpcio and the standard library): the CPU images without torch can run it.
+
+With MINISGL_INTERNAL_TLS_DIR set (internal mTLS on), the gRPC probe presents that directory's
+client certificate; health itself needs no token.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -18,9 +22,16 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from minisgl_core.security import TLS_DIR_ENV, InternalSecurity, SecurityConfigError
 
-def grpc_healthy(target: str, service: str = "", timeout: float = 2.0) -> tuple[bool, str]:
-    with grpc.insecure_channel(target) as channel:
+
+def grpc_healthy(target: str, service: str = "", timeout: float = 2.0,
+                 tls_dir: str = "") -> tuple[bool, str]:
+    try:
+        security = InternalSecurity.load(tls_dir=tls_dir)
+    except SecurityConfigError as exc:
+        return False, str(exc)
+    with security.sync_channel(target, []) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout)
@@ -47,9 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("target", help="HOST:PORT for grpc, a URL for http")
     parser.add_argument("--service", default="", help="gRPC health service name ('' = server)")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds")
+    parser.add_argument("--tls-dir", default=os.environ.get(TLS_DIR_ENV, ""),
+                        help=f"internal mTLS: present this dir's client certificate (env "
+                             f"{TLS_DIR_ENV})")
     args = parser.parse_args(argv)
     if args.kind == "grpc":
-        ok, detail = grpc_healthy(args.target, args.service, args.timeout)
+        ok, detail = grpc_healthy(args.target, args.service, args.timeout, args.tls_dir)
     else:
         ok, detail = http_healthy(args.target, args.timeout)
     print(f"{args.target}: {detail}")

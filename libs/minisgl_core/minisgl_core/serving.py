@@ -9,6 +9,10 @@ Every internal service is a thin adapter over a plain class; `ServiceHost` is th
 
 On SIGTERM/SIGINT health turns NOT_SERVING (load balancers stop routing), the drain hooks run (bounded
 by the drain timeout), the server stops with that grace, and the process exits 0.
+
+With internal security on (`minisgl_core.security`), every RPC but health needs the shared token,
+mTLS is required when a TLS directory is given, and reflection is off. /metrics binds where gRPC
+binds unless `metrics_host` says otherwise.
 """
 
 from __future__ import annotations
@@ -27,19 +31,37 @@ from grpc_reflection.v1alpha import reflection
 
 from minisgl_core.gc_pause import freeze_startup_objects, thaw
 from minisgl_core.metrics import start_metrics_server
+from minisgl_core.security import InternalSecurity, get_default
 
 log = logging.getLogger(__name__)
 
-# Large messages: a prefill plan or a tokenized prompt may carry 100k+ token ids.
+# Largest message a client sends or accepts. Servers accept what their contract needs:
+# `message_limit(context)`, so a 50 MB message is refused at the transport, before any work.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MIN_SERVER_MESSAGE_BYTES = 16 * 1024 * 1024  # a whole gateway body (8 MiB default) with room
+BYTES_PER_CONTEXT_TOKEN = 64  # a token id takes <= 5 bytes; a text token <= 64 UTF-8 bytes here
 GRPC_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
 ]
+
+
+def server_options(max_receive_bytes: int) -> list[tuple[str, Any]]:
+    """GRPC_OPTIONS with another receive limit (gRPC keeps the first of duplicate keys)."""
+    return [(k, max_receive_bytes if k == "grpc.max_receive_message_length" else v)
+            for k, v in GRPC_OPTIONS]
+
+
+def message_limit(max_model_len: int) -> int:
+    """The largest message an internal server accepts for a model with this context window: one
+    full-context prompt as ids or text (a batch of a whole gateway body at least), capped."""
+    return max(MIN_SERVER_MESSAGE_BYTES,
+               min(MAX_MESSAGE_BYTES, BYTES_PER_CONTEXT_TOKEN * max(0, max_model_len)))
 
 
 class ServiceHost:
@@ -50,17 +72,26 @@ class ServiceHost:
         port: int,
         metrics_port: int | None = None,
         max_workers: int = 64,
+        security: InternalSecurity | None = None,
+        metrics_host: str | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.name = name
         self.address = f"{host}:{port}"
         self.metrics_port = metrics_port
+        self.metrics_host = metrics_host or host
+        self.security = security if security is not None else get_default()
+        limit = min(max_message_bytes, MAX_MESSAGE_BYTES)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
-            options=GRPC_OPTIONS,
+            options=server_options(limit),
+            interceptors=self.security.server_interceptors(),
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self._service_names: list[str] = [health.SERVICE_NAME, reflection.SERVICE_NAME]
+        # Reflection lists every method: useful on an open dev stack, an attacker's map otherwise.
+        self._reflection = not self.security.enabled
+        self._service_names: list[str] = [health.SERVICE_NAME]
         self._drain_hooks: list[Callable[[float], None]] = []
         self._stop = threading.Event()
         self.bound_port = 0
@@ -76,18 +107,27 @@ class ServiceHost:
         self._drain_hooks.append(hook)
 
     def start(self) -> int:
-        reflection.enable_server_reflection(self._service_names, self.server)
-        self.bound_port = self.server.add_insecure_port(self.address)
+        if self._reflection:
+            reflection.enable_server_reflection([*self._service_names, reflection.SERVICE_NAME],
+                                                self.server)
+        creds = self.security.server_credentials()
+        if creds is not None:
+            self.bound_port = self.server.add_secure_port(self.address, creds)
+        else:
+            self.bound_port = self.server.add_insecure_port(self.address)
         if self.bound_port == 0:
             raise RuntimeError(f"{self.name}: cannot listen on {self.address}")
         self.server.start()
-        for service in ["", *self._service_names[2:]]:
+        for service in ["", *self._service_names[1:]]:
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.metrics_port:
-            start_metrics_server(self.metrics_port)
+            start_metrics_server(self.metrics_port, self.metrics_host)
         # Everything the service built before serving lives as long as the process.
         freeze_startup_objects()
-        log.info("%s listening on %s (metrics :%s)", self.name, self.address, self.metrics_port)
+        sec = self.security
+        mode = ("token" if sec.token else "") + ("+mTLS" if sec.tls else "") or "open"
+        log.info("%s listening on %s (internal auth: %s; metrics %s:%s)", self.name, self.address,
+                 mode.lstrip("+"), self.metrics_host, self.metrics_port)
         return self.bound_port
 
     def stop(self, drain_timeout: float = 30.0) -> None:
@@ -122,11 +162,15 @@ class ServiceHost:
         self.stop(drain_timeout)
 
 
-def wait_for_health(target: str, timeout: float = 60.0, service: str = "") -> None:
-    """Block until `target` reports SERVING for `service`; raise TimeoutError otherwise."""
+def wait_for_health(target: str, timeout: float = 60.0, service: str = "",
+                    security: InternalSecurity | None = None) -> None:
+    """Block until `target` reports SERVING for `service`; raise TimeoutError otherwise.
+    Health needs no token; with mTLS the channel presents `security`'s certificate."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
-    with grpc.insecure_channel(target) as channel:
+    sec = InternalSecurity() if security is None else InternalSecurity(
+        ca=security.ca, cert=security.cert, key=security.key)
+    with sec.sync_channel(target, []) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             try:
@@ -139,5 +183,15 @@ def wait_for_health(target: str, timeout: float = 60.0, service: str = "") -> No
     raise TimeoutError(f"{target} not healthy after {timeout:.0f}s: {last_error}")
 
 
-def channel(target: str) -> grpc.Channel:
-    return grpc.insecure_channel(target, options=GRPC_OPTIONS)
+def channel(target: str, security: InternalSecurity | None = None) -> grpc.Channel:
+    """A client channel to an internal service: the token on every call, the client certificate
+    with mTLS (`security`, else this process's default)."""
+    sec = security if security is not None else get_default()
+    return sec.sync_channel(target, GRPC_OPTIONS)
+
+
+def aio_channel(target: str, options: list[tuple[str, Any]] | None = None,
+                security: InternalSecurity | None = None) -> grpc.aio.Channel:
+    """`channel` for asyncio (the gateway's upstreams)."""
+    sec = security if security is not None else get_default()
+    return sec.aio_channel(target, GRPC_OPTIONS if options is None else options)

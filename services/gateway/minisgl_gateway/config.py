@@ -22,6 +22,9 @@ class Limits:
     max_stop_len: int = 256  # characters per stop string
     max_top_logprobs: int = 20
     retry_after_s: int = 1  # the Retry-After header / trailer sent with 429 and 503
+    max_header_bytes: int = 64 * 1024  # HTTP request line + headers; 431 past it
+    max_headers: int = 100  # HTTP header fields; 431 past it
+    header_timeout_s: float = 10.0  # a request head must arrive within this; 408 + close past it
 
 
 @dataclass
@@ -43,6 +46,8 @@ class GatewayConfig:
     drain_timeout: float = 30.0  # SIGTERM: seconds in-flight requests may take to finish
     startup_timeout: float = 120.0  # waiting for the upstreams at start-up
     upstream_timeout: float = 30.0  # unary upstream calls (Tokenize, DecodeTokens)
+    internal_token_file: str = ""  # the token sent on every upstream call (minisgl_core.security)
+    internal_tls_dir: str = ""  # mTLS to the upstreams: ca.crt, tls.crt, tls.key
     limits: Limits = field(default_factory=Limits)
 
 
@@ -72,6 +77,7 @@ def _parser() -> ServiceArgs:
              float)
     args.add("--startup-timeout", d.startup_timeout, "seconds to wait for the upstreams", float)
     args.add("--upstream-timeout", d.upstream_timeout, "seconds for unary upstream calls", float)
+    args.add_internal_security()
     args.add("--max-concurrent-requests", lim.max_concurrent_requests,
              "generation requests in flight; more get 429 + Retry-After", int)
     args.add("--max-body-bytes", lim.max_body_bytes, "largest HTTP body; larger get 413", int)
@@ -85,6 +91,11 @@ def _parser() -> ServiceArgs:
     args.add("--max-stop-len", lim.max_stop_len, "longest stop string (characters)", int)
     args.add("--max-top-logprobs", lim.max_top_logprobs, "most top_logprobs per position", int)
     args.add("--retry-after", lim.retry_after_s, "seconds in Retry-After with 429/503", int)
+    args.add("--max-header-bytes", lim.max_header_bytes,
+             "largest HTTP request head (request line + headers); larger get 431", int)
+    args.add("--max-headers", lim.max_headers, "most HTTP header fields; more get 431", int)
+    args.add("--header-timeout", lim.header_timeout_s,
+             "seconds a client has to send a request's headers; slower ones get 408", float)
     return args
 
 
@@ -98,7 +109,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     if bool(ns.tls_cert) != bool(ns.tls_key):
         service_args.parser.error("--tls-cert and --tls-key go together")
     for name in ("max_concurrent_requests", "max_body_bytes", "max_n", "max_prompts", "max_stop",
-                 "max_stop_len", "retry_after"):
+                 "max_stop_len", "retry_after", "max_header_bytes", "max_headers"):
         if getattr(ns, name) < 1:
             service_args.parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if not 0 <= ns.max_top_logprobs <= 1000:
@@ -109,6 +120,8 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
         max_completion_tokens=max(0, ns.max_completion_tokens), max_n=ns.max_n,
         max_prompts=ns.max_prompts, max_stop=ns.max_stop, max_stop_len=ns.max_stop_len,
         max_top_logprobs=ns.max_top_logprobs, retry_after_s=ns.retry_after,
+        max_header_bytes=ns.max_header_bytes, max_headers=ns.max_headers,
+        header_timeout_s=max(0.1, ns.header_timeout),
     )
     return GatewayConfig(
         host=ns.host, port=ns.port, grpc_port=ns.grpc_port, tokenizer=ns.tokenizer,
@@ -117,6 +130,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
         reuse_port=ns.reuse_port,
         drain_timeout=ns.drain_timeout, startup_timeout=ns.startup_timeout,
         upstream_timeout=ns.upstream_timeout, limits=limits,
+        internal_token_file=ns.internal_token_file, internal_tls_dir=ns.internal_tls_dir,
     )
 
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from minisgl_core.proto.minisgl.v1 import tokenizer_pb2, tokenizer_pb2_grpc
-from minisgl_core.serving import GRPC_OPTIONS
+from minisgl_core.security import from_args
+from minisgl_core.serving import GRPC_OPTIONS, aio_channel
 
 from minisgl_gateway import metrics
 from minisgl_gateway.config import GatewayConfig
@@ -35,6 +36,26 @@ class ModelInfo:
     vocab_size: int
 
 
+@dataclass
+class Slot:
+    """One admitted generation request (`Gateway.reserve`); release it exactly once."""
+
+    gateway: Gateway
+    held: bool = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.gateway.active -= 1
+            metrics.RUNNING.dec()
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
@@ -44,8 +65,9 @@ class Gateway:
         # where the default pick_first would pin this gateway to one replica. The detokenizer
         # and scheduler hold per-request state on one long-lived stream: first address only.
         spread = [*GRPC_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+        security = from_args(config.internal_token_file, config.internal_tls_dir)
         self._channels = {
-            name: grpc.aio.insecure_channel(target, options=options)
+            name: aio_channel(target, options, security)
             for name, target, options in (("tokenizer", config.tokenizer, spread),
                                           ("detokenizer", config.detokenizer, GRPC_OPTIONS),
                                           ("scheduler", config.scheduler, GRPC_OPTIONS))
@@ -118,9 +140,10 @@ class Gateway:
         if name and name != self.info.name:
             raise model_error(name)
 
-    @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
-        """Counts a generation request in flight; refuses past the limit or while draining."""
+    def reserve(self) -> Slot:
+        """Counts a generation request in flight until the slot is released; refuses past the
+        limit or while draining. Taken before the request's body is read or parsed, so that a
+        refusal under overload costs next to nothing."""
         if self.draining:
             raise unavailable_error("the gateway is shutting down", self.limits.retry_after_s)
         if self.active >= self.limits.max_concurrent_requests:
@@ -129,11 +152,12 @@ class Gateway:
                              self.limits.retry_after_s)
         self.active += 1
         metrics.RUNNING.inc()
-        try:
+        return Slot(self)
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        with self.reserve():
             yield
-        finally:
-            self.active -= 1
-            metrics.RUNNING.dec()
 
     # -- upstream calls ----------------------------------------------------------------------
 

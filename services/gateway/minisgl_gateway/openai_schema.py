@@ -3,10 +3,12 @@ type-checked without coercion), and their conversion into a `Job`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Literal
 
 from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
+from minisgl_core.serving import BYTES_PER_CONTEXT_TOKEN
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from minisgl_gateway.errors import ApiError, invalid
@@ -255,8 +257,12 @@ def stream_flags(body: _Common) -> tuple[bool, bool]:
     return stream, include
 
 
-def parse_json(raw: bytes) -> Any:
-    """Bytes -> JSON value; strict UTF-8, no NaN/Infinity, no lone surrogates, bounded depth."""
+def parse_json(raw: bytes, max_items: int = 0) -> Any:
+    """Bytes -> JSON value; strict UTF-8, no NaN/Infinity, no lone surrogates, bounded depth.
+    `max_items` > 0 (the context window): no array or object may hold more (checked before its
+    items are looked at, so a huge token-id prompt is refused before any per-item work), and no
+    string more than `max_items` x BYTES_PER_CONTEXT_TOKEN characters (no prompt that long fits;
+    the tokenizer's own bound is tighter)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -271,26 +277,37 @@ def parse_json(raw: bytes) -> Any:
         raise invalid("the request body nests too deeply") from None
     except ValueError as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
-    _check_strings(value, 0)
+    _check_strings(value, 0, max_items, max_items * BYTES_PER_CONTEXT_TOKEN)
     return value
 
 
-def _check_strings(value: Any, depth: int) -> None:
+def _check_strings(value: Any, depth: int, max_items: int = 0, max_chars: int = 0,
+                   param: str | None = None) -> None:
+    """`param`: the top-level field `value` is in (named in the error)."""
     # JSON escapes can produce lone surrogates ("\ud800"), which are not UTF-8-encodable text.
     if depth > 64:
         raise invalid("the request body nests too deeply")
+    if max_items and isinstance(value, list | dict) and len(value) > max_items:
+        raise invalid(f"an array or object in the request body has {len(value)} items; at most "
+                      f"{max_items} are allowed (the context window)",
+                      param=param, code="context_length_exceeded")
     if isinstance(value, str):
+        if max_chars and len(value) > max_chars:
+            raise invalid(f"a string in the request body has {len(value)} characters; no prompt "
+                          f"longer than {max_chars} fits the context window",
+                          param=param, code="context_length_exceeded")
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise invalid("the request body contains an invalid unicode escape") from None
     elif isinstance(value, dict):
         for k, v in value.items():
-            _check_strings(k, depth + 1)
-            _check_strings(v, depth + 1)
+            field = k if depth == 0 and isinstance(k, str) else param
+            _check_strings(k, depth + 1, max_items, max_chars, field)
+            _check_strings(v, depth + 1, max_items, max_chars, field)
     elif isinstance(value, list):
         for v in value:
-            _check_strings(v, depth + 1)
+            _check_strings(v, depth + 1, max_items, max_chars, param)
 
 
 Endpoint = Literal["chat", "completion"]
@@ -304,4 +321,23 @@ def build_job(endpoint: Endpoint, payload: Any) -> tuple[Job, bool, bool, str | 
     return job, stream, include_usage, body.user
 
 
-__all__ = ["ApiError", "build_job", "parse_json"]
+# Bodies up to this size are parsed on the event loop (a few hundred microseconds at most);
+# larger ones in a thread, where the Python-level checks yield the GIL to the loop every few ms.
+INLINE_PARSE_BYTES = 64 * 1024
+
+
+def _parse_request(endpoint: Endpoint, raw: bytes, max_items: int) -> tuple[Job, bool, bool]:
+    job, stream, include_usage, _user = build_job(endpoint, parse_json(raw, max_items))
+    return job, stream, include_usage
+
+
+async def parse_request(endpoint: Endpoint, raw: bytes, max_items: int = 0
+                        ) -> tuple[Job, bool, bool]:
+    """(job, stream, include_usage) for a raw body, without stalling other requests on a big
+    one."""
+    if len(raw) <= INLINE_PARSE_BYTES:
+        return _parse_request(endpoint, raw, max_items)
+    return await asyncio.to_thread(_parse_request, endpoint, raw, max_items)
+
+
+__all__ = ["ApiError", "build_job", "parse_json", "parse_request"]

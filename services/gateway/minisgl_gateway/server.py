@@ -21,12 +21,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from minisgl_core.gc_pause import freeze_startup_objects, thaw
 from minisgl_core.proto.minisgl.v1 import generation_pb2
-from minisgl_core.serving import GRPC_OPTIONS
+from minisgl_core.serving import server_options
 
 from minisgl_gateway.config import GatewayConfig
 from minisgl_gateway.core import Gateway
 from minisgl_gateway.grpc_api import GenerationService, add_to_server
 from minisgl_gateway.http_api import asgi_app
+from minisgl_gateway.http_limits import limited_protocol
 
 log = logging.getLogger(__name__)
 # Idle keep-alive connections stay open this long (uvicorn's default is 5 s). A client that reuses
@@ -68,8 +69,11 @@ class GatewayServer:
         self.health = health.aio.HealthServicer()
         # gRPC turns SO_REUSEPORT on by default on Linux, so a second gateway on the same port
         # would start and silently share it; only replicas that ask for it may.
+        # A request message is the gRPC twin of an HTTP body: the same bound (plus framing).
+        lim = config.limits
         self.grpc_server = grpc.aio.server(
-            options=[*GRPC_OPTIONS, ("grpc.so_reuseport", int(config.reuse_port))])
+            options=[*server_options(lim.max_body_bytes + 64 * 1024),
+                     ("grpc.so_reuseport", int(config.reuse_port))])
         add_to_server(GenerationService(self.gateway), self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         reflection.enable_server_reflection(
@@ -79,6 +83,7 @@ class GatewayServer:
             tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
         self.http = _Uvicorn(uvicorn.Config(
             asgi_app(self.gateway), host=config.host, port=config.port, log_config=None,
+            http=limited_protocol(lim.max_header_bytes, lim.max_headers, lim.header_timeout_s),
             access_log=False, lifespan="off", timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=max(1, int(
                 config.drain_timeout)), **tls))

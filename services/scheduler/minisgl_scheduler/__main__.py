@@ -11,7 +11,8 @@ from dataclasses import fields
 from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
 from minisgl_core.logging import setup_logging
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2_grpc
-from minisgl_core.serving import ServiceHost
+from minisgl_core.security import from_args
+from minisgl_core.serving import ServiceHost, message_limit
 
 from minisgl_scheduler.config import SchedulerConfig
 from minisgl_scheduler.metrics import SchedulerMetrics
@@ -54,6 +55,8 @@ def build_parser() -> ServiceArgs:
 def main(argv: list[str] | None = None) -> None:
     ns = build_parser().parse(argv)
     setup_logging("scheduler", ns.log_level)
+    # Also the default of the worker client's channel: the token and certificate go with it.
+    security = from_args(ns.internal_token_file, ns.internal_tls_dir)
     config = SchedulerConfig(**{f.name: getattr(ns, f.name) for f in fields(SchedulerConfig)})
     config.validate()
     client = WorkerClient(ns.worker, connect_timeout=ns.worker_timeout,
@@ -65,7 +68,9 @@ def main(argv: list[str] | None = None) -> None:
              info.max_slots, info.max_model_len)
     metrics = SchedulerMetrics.get() if ns.metrics_port else None
     service = SchedulerService(scheduler, metrics).start()
-    host = ServiceHost("scheduler", ns.host, ns.port, metrics_port=ns.metrics_port or None)
+    host = ServiceHost("scheduler", ns.host, ns.port, metrics_port=ns.metrics_port or None,
+                       security=security, metrics_host=ns.metrics_host or None,
+                       max_message_bytes=message_limit(info.max_model_len))
     host.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, service, "minisgl.v1.Scheduler")
     host.on_drain(service.drain)
     host.serve_forever(drain_timeout=ns.drain_timeout)

@@ -13,7 +13,8 @@ import sys
 
 from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
 from minisgl_core.logging import setup_logging
-from minisgl_core.serving import ServiceHost
+from minisgl_core.security import from_args
+from minisgl_core.serving import ServiceHost, message_limit
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def _parse(service: str, argv: list[str] | None):
 def run(service: str, argv: list[str] | None = None) -> int:
     ns = _parse(service, argv)
     setup_logging(service, ns.log_level)
+    security = from_args(ns.internal_token_file, ns.internal_tls_dir)
     # The server's threads already run requests in parallel; Rust's own pool would oversubscribe.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from minisgl_core.proto.minisgl.v1 import detokenizer_pb2_grpc, tokenizer_pb2_grpc
@@ -54,7 +56,9 @@ def run(service: str, argv: list[str] | None = None) -> int:
         log.error("cannot load the tokenizer from %s: %s", ns.model, exc)
         return 2
     host = ServiceHost(service, ns.host, ns.port, metrics_port=ns.metrics_port or None,
-                       max_workers=ns.max_workers)
+                       max_workers=ns.max_workers, security=security,
+                       metrics_host=ns.metrics_host or None,
+                       max_message_bytes=message_limit(model.max_model_len))
     if service == "tokenizer":
         host.add(tokenizer_pb2_grpc.add_TokenizerServicer_to_server, TokenizerServicer(model),
                  "minisgl.v1.Tokenizer")

@@ -2,6 +2,8 @@
 
 Each item gets either token ids or an error of its own; one bad item never fails the others. Text of
 all items is encoded in one `encode_batch` call per add_special_tokens setting (Rust, parallel).
+Text that cannot fit is refused before it is encoded whole (`bounds`), so the work per item is
+bounded by the context window, not by the size of the request.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from minisgl_tokenizer.bounds import TextBounds
 from minisgl_tokenizer.chat_template import ChatTemplateError
 from minisgl_tokenizer.model_files import ModelTokenizer
 
@@ -64,6 +67,7 @@ class PromptTokenizer:
     def __init__(self, model: ModelTokenizer) -> None:
         self.model = model
         self.tokenizer = model.tokenizer
+        self.bounds = TextBounds.of(model.tokenizer, model.max_model_len)
 
     def tokenize(self, items: list[Prompt | ItemError], max_prompt_tokens: int = 0) -> list[
             TokenizeResult]:
@@ -74,6 +78,8 @@ class PromptTokenizer:
         if max_prompt_tokens < 0:
             err = ItemError(ErrorCode.INVALID_ARGUMENT, "max_prompt_tokens must be >= 0")
             return [TokenizeResult(error=err) for _ in items]
+        limit = min(max_prompt_tokens or self.model.max_model_len - 1,
+                    self.model.max_model_len - 1)
         texts: dict[bool, list[tuple[int, str]]] = {True: [], False: []}
         for i, item in enumerate(items):
             if isinstance(item, ItemError):
@@ -91,12 +97,16 @@ class PromptTokenizer:
                     continue
                 texts[item.add_special_tokens].append((i, rendered))
         for add_special, batch in texts.items():
+            for i, text in batch:
+                why = self.bounds.too_long(text, limit)
+                if why is not None:
+                    results[i].error = ItemError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, why)
+            batch = [(i, t) for i, t in batch if results[i].error is None]
             if batch:
                 encodings = self.tokenizer.encode_batch([t for _, t in batch],
                                                         add_special_tokens=add_special)
                 for (i, _), enc in zip(batch, encodings, strict=True):
                     results[i].token_ids = enc.ids
-        limit = max_prompt_tokens or self.model.max_model_len - 1
         for result in results:
             if result.error is None:
                 result.error = self._check(result.token_ids, limit)
@@ -107,13 +117,6 @@ class PromptTokenizer:
     def _check(self, ids: list[int], limit: int) -> ItemError | None:
         if not ids:
             return ItemError(ErrorCode.INVALID_ARGUMENT, "the prompt is empty (0 tokens)")
-        vocab = self.model.vocab_size
-        low, high = min(ids), max(ids)
-        if low < 0 or high >= vocab:
-            bad = low if low < 0 else high
-            return ItemError(ErrorCode.INVALID_ARGUMENT,
-                             f"token id {bad} is out of range: the vocabulary has ids "
-                             f"0..{vocab - 1}")
         context = self.model.max_model_len
         if len(ids) > min(limit, context - 1):
             if limit < context - 1:
@@ -123,6 +126,13 @@ class PromptTokenizer:
                       f"{context - 1} prompt tokens"
             return ItemError(ErrorCode.CONTEXT_LENGTH_EXCEEDED,
                              f"the prompt has {len(ids)} tokens; {why}")
+        vocab = self.model.vocab_size  # after the length: min/max scan bounded ids only
+        low, high = min(ids), max(ids)
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            return ItemError(ErrorCode.INVALID_ARGUMENT,
+                             f"token id {bad} is out of range: the vocabulary has ids "
+                             f"0..{vocab - 1}")
         return None
 
     def decode_each(self, ids: list[int]) -> list[str]:
