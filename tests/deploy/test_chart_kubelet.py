@@ -34,13 +34,6 @@ CHART = Path(os.environ.get("MINISGL_CHART_DIR", ROOT / "deploy" / "k8s" / "mini
 ONE_EACH = {"gateway": {"replicas": 1, "autoscaling": {"enabled": False}},
             "tokenizer": {"replicas": 1, "autoscaling": {"enabled": False}},
             "detokenizer": {"replicas": 1}}
-CASES: dict[str, tuple[str | None, dict[str, Any], float]] = {
-    # name: (values file, overrides, seconds the pods get to become Ready)
-    "default": (None, {"serviceMonitor": {"enabled": True}}, 150),
-    "gpu": ("values-gpu.yaml", ONE_EACH, 150),
-    "tp2": ("values-tp2.yaml", ONE_EACH, 150),
-    "tp8": ("values-tp8.yaml", ONE_EACH, 240),
-}
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -49,6 +42,17 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(
             out.get(key), dict) else value
     return out
+
+
+CASES: dict[str, tuple[str | None, dict[str, Any], float]] = {
+    # name: (values file, overrides, seconds the pods get to become Ready)
+    "default": (None, {"serviceMonitor": {"enabled": True}}, 150),
+    "gpu": ("values-gpu.yaml", ONE_EACH, 150),
+    "tp2": ("values-tp2.yaml", ONE_EACH, 150),
+    "tp8": ("values-tp8.yaml", ONE_EACH, 240),
+    # What mTLS switches to: every gRPC probe an exec of minisgl_core.healthcheck in the pod.
+    "exec-probes": (None, merge(ONE_EACH, {"probes": {"exec": True}}), 150),
+}
 
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:

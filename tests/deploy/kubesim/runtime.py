@@ -8,7 +8,9 @@ What stands in for what (nothing else is changed):
 - a volume is a directory: Secrets and ConfigMaps materialised as files (group fsGroup, their
   defaultMode), emptyDirs empty, a PersistentVolumeClaim is the checkout's models/tiny; paths
   in args and env under a mountPath are rewritten to that directory;
-- runAsUser/runAsGroup via setpriv, allowPrivilegeEscalation: false as no_new_privs;
+- runAsUser/runAsGroup via setpriv, allowPrivilegeEscalation: false as no_new_privs,
+  readOnlyRootFilesystem as a read-only root mount in the process's mount namespace with its
+  writable emptyDirs mounted over it (the host's /dev/shm stays writable, as a pod's does);
 - GPU worker images run on CPU (`cpu_stand_in`): --device=cpu, --attention-backend=auto, and for a
   TP size the tiny model's 4 heads / 2 KV heads cannot split, random weights of the same model
   with 8 heads (--load-format=dummy) so every rank gets whole heads.
@@ -99,6 +101,8 @@ class Container:
     env: dict[str, str] = field(default_factory=dict)
     user: tuple[int, int] = (10001, 10001)
     fs_group: int | None = None  # a supplementary group, as the kubelet adds it
+    read_only_root: bool = False
+    writable: list[str] = field(default_factory=list)  # host dirs of its writable emptyDirs
     no_new_privs: bool = True
 
     @property
@@ -120,7 +124,17 @@ class Container:
         groups = [f"--groups={self.fs_group}"] if self.fs_group is not None else ["--clear-groups"]
         priv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", *groups,
                 *(["--no-new-privs"] if self.no_new_privs else [])]
-        return ["ip", "netns", "exec", self.pod.netns, *priv, "--", *argv]
+        command = [*priv, "--", *argv]
+        if self.read_only_root:
+            # `ip netns exec` gave the process its own mount namespace: there the root mount
+            # turns read-only (a bind remount: per mount, the host's stays as it is) after each
+            # writable volume became a mount of its own.
+            binds = "".join(f"mount --bind {shlex.quote(d)} {shlex.quote(d)} && "
+                            for d in self.writable)
+            script = (f"mount --make-rslave / && {binds}mount -o remount,bind,ro / && "
+                      'exec "$0" "$@"')
+            command = ["sh", "-c", script, *command]
+        return ["ip", "netns", "exec", self.pod.netns, *command]
 
     def start(self, entrypoints: dict[str, list[str]]) -> None:
         self.log = open(self.workdir / f"{self.spec['name']}.log", "a")  # noqa: SIM115
@@ -195,8 +209,13 @@ def containers_of(pod: PodPlan, cluster: ClusterPlan, workdir: Path,
         home.mkdir(exist_ok=True)
         home.chmod(0o1777)
         paths["/home/minisgl"] = str(home)
+        writable = []
+        empty_dirs = {v["name"] for v in pod.spec.get("volumes", []) if "emptyDir" in v}
         for mount in spec.get("volumeMounts", []):
             host = volumes[mount["name"]]
+            if mount["name"] in empty_dirs and not mount.get("readOnly") and \
+                    mount["mountPath"] != "/dev/shm":
+                writable.append(host)
             if mount.get("subPath") and host != str(TINY):
                 host = str(Path(host) / mount["subPath"])
             if mount["mountPath"] != "/dev/shm":  # the host's own /dev/shm stands in
@@ -204,7 +223,8 @@ def containers_of(pod: PodPlan, cluster: ClusterPlan, workdir: Path,
         container = Container(pod, spec, workdir, paths=paths,
                               user=(int(ctx.get("runAsUser", 10001)),
                                     int(ctx.get("runAsGroup", ctx.get("runAsUser", 10001)))),
-                              fs_group=pod_ctx.get("fsGroup"),
+                              fs_group=pod_ctx.get("fsGroup"), writable=writable,
+                              read_only_root=bool(ctx.get("readOnlyRootFilesystem")),
                               no_new_privs=not ctx.get("allowPrivilegeEscalation", True))
         env = {**IMAGE_ENV, "HOME": str(home)}
         for item in spec.get("env", []):
