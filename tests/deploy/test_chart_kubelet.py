@@ -49,7 +49,7 @@ CASES: dict[str, tuple[str | None, dict[str, Any], float]] = {
     "default": (None, {"serviceMonitor": {"enabled": True}}, 150),
     "gpu": ("values-gpu.yaml", ONE_EACH, 150),
     "tp2": ("values-tp2.yaml", ONE_EACH, 150),
-    "tp8": ("values-tp8.yaml", ONE_EACH, 240),
+    "tp8": ("values-tp8.yaml", ONE_EACH, 200),
     # What mTLS switches to: every gRPC probe an exec of minisgl_core.healthcheck in the pod.
     "exec-probes": (None, merge(ONE_EACH, {"probes": {"exec": True}}), 150),
 }
@@ -76,6 +76,7 @@ def _explain(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.timeout(900)  # the run bounds itself: deadline, then grace periods
 @pytest.mark.parametrize("case", list(CASES))
 def test_chart_pods_become_ready_and_serve(case: str, tmp_path: Path) -> None:
     reason = netns.can_create_namespaces()

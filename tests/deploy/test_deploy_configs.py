@@ -128,20 +128,49 @@ def test_gpu_true_alone_gives_a_gpu_engine() -> None:
         engine["tolerations"]
 
 
+# Every optional branch of the templates at once.
+EVERYTHING_ON = {
+    "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+    "engine": {"autoscaling": {"enabled": True}, "worker": {"gpu": True, "tensorParallel": 2},
+               "runtimeClassName": "nvidia", "priorityClassName": "inference"},
+    "model": {"path": "/models/Qwen3-8B", "initContainer": {
+        "enabled": True, "command": ["huggingface-cli", "download", "Qwen/Qwen3-8B",
+                                     "--local-dir", "/models/Qwen3-8B"]}},
+    "security": {"mtls": {"enabled": True, "secretName": "certs"},
+                 "internalToken": {"existingSecret": "my-token"}},
+    "networkPolicy": {"gatewayFrom": [{"namespaceSelector": {"matchLabels": {"ingress": "yes"}}}]},
+    "gateway": {"apiKeysSecret": "keys"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "image": {"registry": "registry.example.com", "tag": "0.1.0-rc1"},
+    "nodeSelector": {"pool": "inference"},
+    "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+}
+
+
 @pytest.mark.parametrize("k8s_version", ["1.29.0", "1.34.0"])
-@pytest.mark.parametrize("values_file", VALUES_FILES)
+@pytest.mark.parametrize("values_file", [*VALUES_FILES, "everything-on"])
 def test_chart_manifests_are_valid_kubernetes(k8s_version: str, values_file: str | None) -> None:
     """Strict schema validation (unknown fields fail) of every built-in kind; the ServiceMonitor
     (a CRD) is checked by test_service_monitors_cover_every_tier."""
     kv = pytest.importorskip("kubernetes_validate")
-    values = {**values_of(values_file), "serviceMonitor": {"enabled": True}}
-    kinds = set()
+    if values_file == "everything-on":
+        values = EVERYTHING_ON
+    else:
+        values = {**values_of(values_file), "serviceMonitor": {"enabled": True}}
+    kinds: dict[str, int] = {}
     for doc in docs_of(values):
-        kinds.add(doc["kind"])
+        kinds[doc["kind"]] = kinds.get(doc["kind"], 0) + 1
         if doc["kind"] != "ServiceMonitor":
             kv.validate(doc, k8s_version, strict=True)
-    assert {"Deployment", "Service", "Secret", "PodDisruptionBudget", "HorizontalPodAutoscaler",
-            "NetworkPolicy", "Pod", "ServiceMonitor"} <= kinds
+    assert {"Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler",
+            "NetworkPolicy", "Pod", "ServiceMonitor"} <= set(kinds)
+    if values_file == "everything-on":
+        assert kinds["HorizontalPodAutoscaler"] == 3 and "Secret" not in kinds
+        engine = pod_templates(docs_of(values))["engine"]
+        assert engine["initContainers"][0]["command"][0] == "huggingface-cli"
+        assert engine["imagePullSecrets"] == [{"name": "regcred"}]
+        assert engine["runtimeClassName"] == "nvidia"
+        assert engine["containers"][0]["image"] == "registry.example.com/minisgl/scheduler:0.1.0-rc1"
 
 
 @pytest.mark.parametrize("values_file", VALUES_FILES)

@@ -8,8 +8,10 @@ network namespace, and no route leads out of the /24. `ip netns exec NS` bind-mo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +79,14 @@ class Network:
             (directory / "hosts").write_text(hosts)
 
     def down(self) -> None:
+        """Kill what still runs in our namespaces (by pid: only processes the run started, e.g.
+        after the driver itself died), then delete them."""
+        for netns, _ in self.members:
+            pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True,
+                                  text=True).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
         for netns, _ in self.members:
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)
             shutil.rmtree(Path("/etc/netns") / netns, ignore_errors=True)
