@@ -26,8 +26,9 @@ def can_create_namespaces() -> str | None:
     """None when this machine can run the cluster, else why not."""
     if os.geteuid() != 0:
         return "creating network namespaces needs root"
-    if shutil.which("ip") is None:
-        return "iproute2's `ip` is not installed"
+    for tool, package in (("ip", "iproute2"), ("setpriv", "util-linux"), ("mount", "mount")):
+        if shutil.which(tool) is None:
+            return f"`{tool}` ({package}) is not installed"
     probe = f"msgl-probe-{os.getpid()}"
     try:
         _ip("netns", "add", probe)
