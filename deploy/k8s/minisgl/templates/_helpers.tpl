@@ -33,10 +33,10 @@ app.kubernetes.io/component: {{ index . 1 }}
      (list $ port settingsDict) */}}
 {{- define "minisgl.grpcProbe" -}}
 {{- $root := index . 0 -}}{{- $port := index . 1 -}}{{- $s := index . 2 -}}
-{{- if or $root.Values.probes.exec $root.Values.security.mtls.enabled }}
+{{- if or $root.Values.probes.exec $root.Values.security.mtls.enabled -}}
 exec:
   command: [python, -m, minisgl_core.healthcheck, grpc, "127.0.0.1:{{ $port }}", --timeout, "{{ sub ($s.timeoutSeconds | default 2) 1 | max 1 }}"]
-{{- else }}
+{{- else -}}
 grpc: {port: {{ $port }}}
 {{- end }}
 {{- range $k, $v := $s }}
