@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import subprocess
 import sys
@@ -11,8 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from . import chart_checks
+
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "deploy" / "k8s" / "minisgl"
+# MINISGL_CHART_DIR=<dir>: check another copy of the chart (e.g. an older commit's).
+CHART = Path(os.environ.get("MINISGL_CHART_DIR", ROOT / "deploy" / "k8s" / "minisgl"))
 MODULES = {  # container/service name -> how it is started
     "gateway": ["minisgl_gateway"],
     "tokenizer": ["minisgl_tokenizer", "tokenizer"],
@@ -42,7 +46,8 @@ def render(values: dict) -> dict[str, list[dict]]:
     helm = pytest.importorskip("helm_python")
     with helm.Chart.load(str(CHART)) as chart:
         manifests = chart.render(values, name="t", namespace="default")
-    return {k: [d for d in yaml.safe_load_all(v) if d] for k, v in manifests.items()}
+    return {k: [d for d in yaml.safe_load_all(v) if d] for k, v in manifests.items()
+            if not k.endswith("NOTES.txt")}
 
 
 def test_chart_lints_clean() -> None:
@@ -52,10 +57,37 @@ def test_chart_lints_clean() -> None:
     assert not [m for m in report["messages"] if m["severity"] > 1], report
 
 
-@pytest.mark.parametrize("values_file", [None, "values-tp8.yaml"])
+VALUES_FILES = [None, "values-gpu.yaml", "values-tp2.yaml", "values-tp8.yaml"]
+
+
+def values_of(values_file: str | None) -> dict:
+    return yaml.safe_load((CHART / values_file).read_text()) if values_file else {}
+
+
+def docs_of(values: dict) -> list[dict]:
+    return [d for ds in render(values).values() for d in ds]
+
+
+def pods_of(docs: list[dict]) -> dict[str, tuple[dict, dict]]:
+    """component -> (pod spec, pod labels), for every Deployment and the helm test pod."""
+    out = {}
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            template = d["spec"]["template"]
+            out[d["metadata"]["name"].rsplit("-", 1)[-1]] = (template["spec"],
+                                                             template["metadata"]["labels"])
+        elif d["kind"] == "Pod":
+            out["test"] = (d["spec"], d["metadata"]["labels"])
+    return out
+
+
+def pod_templates(docs: list[dict]) -> dict[str, dict]:
+    return {component: spec for component, (spec, _) in pods_of(docs).items()}
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
 def test_chart_renders_with_real_flags(values_file: str | None) -> None:
-    values = yaml.safe_load((CHART / values_file).read_text()) if values_file else {}
-    docs = [d for ds in render(values).values() for d in ds]
+    docs = docs_of(values_of(values_file))
     deployments = {d["metadata"]["name"].rsplit("-", 1)[-1]: d for d in docs
                    if d["kind"] == "Deployment"}
     assert set(deployments) == {"gateway", "tokenizer", "detokenizer", "engine"}
@@ -72,13 +104,213 @@ def test_chart_renders_with_real_flags(values_file: str | None) -> None:
     name = services["tokenizer"]["metadata"]["name"]
     port = services["tokenizer"]["spec"]["ports"][0]["port"]
     assert tokenizer_arg == f"--tokenizer=dns:///{name}:{port}"
-    if values_file == "values-tp8.yaml":
-        worker = next(c for c in deployments["engine"]["spec"]["template"]["spec"]["containers"]
-                      if c["name"] == "worker")
-        assert "--tp-size=8" in worker["args"]
-        assert worker["resources"]["limits"]["nvidia.com/gpu"] == 8
+    worker = next(c for c in deployments["engine"]["spec"]["template"]["spec"]["containers"]
+                  if c["name"] == "worker")
+    if values_file is not None:  # every GPU layout: CUDA image, one GPU per TP rank
+        tp = values_of(values_file)["engine"]["worker"]["tensorParallel"]
+        assert f"--tp-size={tp}" in worker["args"]
+        assert worker["image"] == "minisgl/worker-cuda:0.1.0"
+        assert worker["resources"]["limits"]["nvidia.com/gpu"] == tp
         env = {e["name"]: e["value"] for e in worker["env"]}
         assert env["NCCL_NVLS_ENABLE"] == "0"
+    else:
+        assert worker["image"] == "minisgl/worker-cpu:0.1.0"
+        assert "nvidia.com/gpu" not in worker["resources"]["limits"]
+
+
+def test_gpu_true_alone_gives_a_gpu_engine() -> None:
+    docs = docs_of({"engine": {"worker": {"gpu": True, "tensorParallel": 2}}})
+    engine = pod_templates(docs)["engine"]
+    worker = next(c for c in engine["containers"] if c["name"] == "worker")
+    assert worker["image"] == "minisgl/worker-cuda:0.1.0"
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+        engine["tolerations"]
+
+
+# Every optional branch of the templates at once.
+EVERYTHING_ON = {
+    "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+    "engine": {"autoscaling": {"enabled": True}, "worker": {"gpu": True, "tensorParallel": 2},
+               "runtimeClassName": "nvidia", "priorityClassName": "inference"},
+    "model": {"path": "/models/Qwen3-8B", "initContainer": {
+        "enabled": True, "command": ["huggingface-cli", "download", "Qwen/Qwen3-8B",
+                                     "--local-dir", "/models/Qwen3-8B"]}},
+    "security": {"mtls": {"enabled": True, "secretName": "certs"},
+                 "internalToken": {"existingSecret": "my-token"}},
+    "networkPolicy": {"gatewayFrom": [{"namespaceSelector": {"matchLabels": {"ingress": "yes"}}}]},
+    "gateway": {"apiKeysSecret": "keys"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "image": {"registry": "registry.example.com", "tag": "0.1.0-rc1"},
+    "nodeSelector": {"pool": "inference"},
+    "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+}
+
+
+@pytest.mark.parametrize("k8s_version", ["1.29.0", "1.34.0"])
+@pytest.mark.parametrize("values_file", [*VALUES_FILES, "everything-on"])
+def test_chart_manifests_are_valid_kubernetes(k8s_version: str, values_file: str | None) -> None:
+    """Strict schema validation (unknown fields fail) of every built-in kind; the ServiceMonitor
+    (a CRD) is checked by test_service_monitors_cover_every_tier."""
+    kv = pytest.importorskip("kubernetes_validate")
+    if values_file == "everything-on":
+        values = EVERYTHING_ON
+    else:
+        values = {**values_of(values_file), "serviceMonitor": {"enabled": True}}
+    kinds: dict[str, int] = {}
+    for doc in docs_of(values):
+        kinds[doc["kind"]] = kinds.get(doc["kind"], 0) + 1
+        if doc["kind"] != "ServiceMonitor":
+            kv.validate(doc, k8s_version, strict=True)
+    assert {"Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler",
+            "NetworkPolicy", "Pod", "ServiceMonitor"} <= set(kinds)
+    if values_file == "everything-on":
+        assert kinds["HorizontalPodAutoscaler"] == 3 and "Secret" not in kinds
+        engine = pod_templates(docs_of(values))["engine"]
+        assert engine["initContainers"][0]["command"][0] == "huggingface-cli"
+        assert engine["imagePullSecrets"] == [{"name": "regcred"}]
+        assert engine["runtimeClassName"] == "nvidia"
+        assert engine["containers"][0]["image"] == "registry.example.com/minisgl/scheduler:0.1.0-rc1"
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_probes_reach_ports_the_container_listens_on(values_file: str | None) -> None:
+    """The kubelet probes the pod IP: a network probe's port must be one the same container
+    listens on pod-wide (0.0.0.0, or the metrics server); exec probes run inside it."""
+    problems = []
+    for component, spec in pod_templates(docs_of(values_of(values_file))).items():
+        for container in spec["containers"]:
+            ports = chart_checks.pod_wide_ports(container)
+            for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                if kind not in container:
+                    continue
+                port = chart_checks.probe_port(container[kind], container)
+                if port is not None and port not in ports:
+                    problems.append(f"{component}/{container['name']} {kind} probes :{port}, "
+                                    f"listens pod-wide on {sorted(ports)}")
+            if component != "test" and not {"startupProbe", "readinessProbe"} <= set(container):
+                problems.append(f"{component}/{container['name']} lacks a startup or readiness "
+                                "probe")
+    assert not problems, "\n".join(problems)
+
+
+def test_mtls_turns_grpc_probes_into_exec_probes() -> None:
+    docs = docs_of({"security": {"mtls": {"enabled": True, "secretName": "certs"}}})
+    for component, spec in pod_templates(docs).items():
+        for container in spec["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            if component != "test":
+                assert env["MINISGL_INTERNAL_TLS_DIR"] == "/etc/minisgl/tls"
+            for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                probe = container.get(kind, {})
+                assert "grpc" not in probe, (component, kind)
+                if "exec" in probe:
+                    assert probe["exec"]["command"][:4] == [
+                        "python", "-m", "minisgl_core.healthcheck", "grpc"]
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_grace_periods_outlast_preStop_and_drain(values_file: str | None) -> None:
+    """SIGKILL never cuts a drain short, and upstreams outlive what drains through them: the
+    detokenizer and scheduler finish after the gateway, the worker after its scheduler."""
+    budgets, waits = {}, {}
+    for component, spec in pod_templates(docs_of(values_of(values_file))).items():
+        if component == "test":
+            continue
+        grace = spec["terminationGracePeriodSeconds"]
+        for container in spec["containers"]:
+            budget = chart_checks.shutdown_budget(container)
+            budgets[container["name"]] = budget
+            waits[container["name"]] = chart_checks.prestop_seconds(container)
+            assert grace > budget, f"{component}/{container['name']}: {grace} <= {budget}"
+    assert budgets["detokenizer"] >= budgets["gateway"]
+    assert budgets["scheduler"] >= budgets["gateway"]
+    assert waits["worker"] >= budgets["scheduler"], (waits, budgets)
+
+
+def test_every_container_is_locked_down_and_sized() -> None:
+    docs = docs_of({})
+    secret = next(d for d in docs if d["kind"] == "Secret")
+    template = (CHART / "templates" / "secret.yaml").read_text()
+    assert "lookup" in template, "the internal token must survive upgrades"
+    assert set(secret["data"]) == {"token"}
+    for component, spec in pod_templates(docs).items():
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        for container in spec["containers"] + spec.get("initContainers", []):
+            ctx = container["securityContext"]
+            assert ctx["runAsUser"] == 10001 and ctx["allowPrivilegeEscalation"] is False
+            assert ctx["readOnlyRootFilesystem"] is True and ctx["capabilities"]["drop"] == ["ALL"]
+            assert container["resources"]["requests"] and container["resources"]["limits"]
+            if component == "test":
+                continue
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            token_file = env["MINISGL_INTERNAL_TOKEN_FILE"]
+            mount = next(m for m in container["volumeMounts"]
+                         if token_file.startswith(m["mountPath"] + "/"))
+            assert mount.get("readOnly") is True
+            volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+            assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+            writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+            assert "/tmp" in writable and env["HOME"] == "/tmp"
+
+
+def test_network_policies_admit_only_the_callers() -> None:
+    docs = docs_of({})
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    labels = {component: pod_labels for component, (_, pod_labels) in pods_of(docs).items()}
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    client = {"app": "some-client"}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    sched, worker = values["engine"]["scheduler"], values["engine"]["worker"]
+    ok = chart_checks.allowed
+    for tier, port in (("tokenizer", values["tokenizer"]["port"]),
+                       ("detokenizer", values["detokenizer"]["port"]), ("engine", sched["port"])):
+        assert ok(policies, labels["gateway"], labels[tier], port), tier
+        for other in ("tokenizer", "detokenizer", "engine", "test"):
+            assert not ok(policies, labels[other], labels[tier], port), (other, tier)
+        assert not ok(policies, client, labels[tier], port), tier
+    for src in [*labels.values(), client, prometheus]:  # the worker: loopback only
+        assert not ok(policies, src, labels["engine"], worker["port"])
+    for tier, port in (("tokenizer", values["tokenizer"]["metricsPort"]),
+                       ("detokenizer", values["detokenizer"]["metricsPort"]),
+                       ("engine", sched["metricsPort"]), ("engine", worker["metricsPort"]),
+                       ("gateway", values["gateway"]["httpPort"])):
+        assert ok(policies, prometheus, labels[tier], port), (tier, port)
+    assert ok(policies, client, labels["gateway"], values["gateway"]["httpPort"])
+    assert ok(policies, labels["test"], labels["gateway"], values["gateway"]["httpPort"])
+
+
+def test_service_monitors_cover_every_tier() -> None:
+    docs = docs_of({"serviceMonitor": {"enabled": True}})
+    monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    services = [d for d in docs if d["kind"] == "Service"]
+    pods = pod_templates(docs)
+    scraped = set()
+    for monitor in monitors:
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        [service] = [s for s in services
+                     if all(s["metadata"]["labels"].get(k) == v for k, v in selector.items())]
+        component = selector["app.kubernetes.io/component"]
+        for endpoint in monitor["spec"]["endpoints"]:
+            port = next(p for p in service["spec"]["ports"] if p["name"] == endpoint["port"])
+            container, number = next(
+                (c, cp["containerPort"]) for c in pods[component]["containers"]
+                for cp in c["ports"] if port["targetPort"] in (cp["name"], cp["containerPort"]))
+            assert number in chart_checks.pod_wide_ports(container)
+            scraped.add(container["name"])
+    assert scraped == {"gateway", "tokenizer", "detokenizer", "scheduler", "worker"}
+
+
+def test_values_schema_rejects_bad_values() -> None:
+    helm = pytest.importorskip("helm_python")
+    for bad in ({"engine": {"worker": {"tensorParallel": 3}}},
+                {"image": {"pullPolicy": "Sometimes"}},
+                {"security": {"mtls": {"enabled": True}}}):
+        with helm.Chart.load(str(CHART)) as chart, pytest.raises(Exception, match="schema"):
+            chart.render(bad, name="t", namespace="default")
 
 
 def test_compose_services_use_real_flags() -> None:
