@@ -184,6 +184,12 @@ def test_healthcheck_cli_presents_the_certificate(mtls_stack: Stack, certs: Path
     env[TLS_DIR_ENV] = str(certs / "worker")
     tls = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
     assert tls.returncode == 0, tls.stdout + tls.stderr
+    # The gateway's public port is plaintext: --plaintext ignores the internal TLS setting.
+    public = [*cmd[:-1], mtls_stack.grpc_target]
+    assert subprocess.run(public, env=env, capture_output=True, timeout=30).returncode == 1
+    plain = subprocess.run([*public, "--plaintext"], env=env, capture_output=True, text=True,
+                           timeout=30)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
 
 
 def test_metrics_host_flag_overrides() -> None:
