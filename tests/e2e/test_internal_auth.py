@@ -184,3 +184,24 @@ def test_healthcheck_cli_presents_the_certificate(mtls_stack: Stack, certs: Path
     env[TLS_DIR_ENV] = str(certs / "worker")
     tls = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
     assert tls.returncode == 0, tls.stdout + tls.stderr
+    # The gateway's public port is plaintext: --plaintext ignores the internal TLS setting.
+    public = [*cmd[:-1], mtls_stack.grpc_target]
+    assert subprocess.run(public, env=env, capture_output=True, timeout=30).returncode == 1
+    plain = subprocess.run([*public, "--plaintext"], env=env, capture_output=True, text=True,
+                           timeout=30)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+
+
+def test_metrics_host_flag_overrides() -> None:
+    """--metrics-host puts /metrics elsewhere than gRPC (here: another loopback address)."""
+    from minisgl_core.serving import ServiceHost
+
+    metrics_port = free_port()
+    host = ServiceHost("probe", "127.0.0.1", 0, metrics_port=metrics_port,
+                       metrics_host="127.0.0.2", security=InternalSecurity())
+    host.start()
+    try:
+        assert _listen_address(os.getpid(), metrics_port) == "127.0.0.2"
+        assert httpx.get(f"http://127.0.0.2:{metrics_port}/metrics").status_code == 200
+    finally:
+        host.stop(0.1)

@@ -17,7 +17,13 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from minisgl_core.proto.minisgl.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from minisgl_core.proto.minisgl.v1 import (
+    common_pb2,
+    generation_pb2,
+    generation_pb2_grpc,
+    tokenizer_pb2,
+    tokenizer_pb2_grpc,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -141,6 +147,24 @@ def test_oversized_grpc_message_refused_at_the_transport(upstream_targets: dict[
         took = time.monotonic() - started
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value
     assert took < REFUSAL_S
+
+
+def test_public_grpc_huge_prompts_refused_fast(gw_stack: object) -> None:
+    options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
+    with grpc.insecure_channel(gw_stack.grpc_target, options=options) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        # Just under the message bound: refused on its length, before any per-id work.
+        ids = generation_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(ids=[1] * 4_000_000))
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Generate(ids, timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+        assert "context window" in info.value.details()
+        assert time.monotonic() - started < REFUSAL_S
+        # Past the gateway's message bound (--max-body-bytes + 64 KiB): refused at the transport.
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Generate(generation_pb2.GenerateRequest(text="a" * 20_000_000), timeout=30)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value
 
 
 # -- the HTTP request head -------------------------------------------------------------------

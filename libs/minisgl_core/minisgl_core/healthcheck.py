@@ -8,7 +8,8 @@ service on loopback whatever interface the service binds. It needs only what min
 (grpcio and the standard library): the CPU images without torch can run it.
 
 With MINISGL_INTERNAL_TLS_DIR set (internal mTLS on), the gRPC probe presents that directory's
-client certificate; health itself needs no token.
+client certificate; health itself needs no token. The gateway's public gRPC port is not an internal
+listener: probe it with `--plaintext` (or `http .../ready`) even where that variable is set.
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-dir", default=os.environ.get(TLS_DIR_ENV, ""),
                         help=f"internal mTLS: present this dir's client certificate (env "
                              f"{TLS_DIR_ENV})")
+    parser.add_argument("--plaintext", action="store_true",
+                        help="ignore --tls-dir / the env (the gateway's public gRPC port)")
     args = parser.parse_args(argv)
+    if args.plaintext:
+        args.tls_dir = ""
     if args.kind == "grpc":
         ok, detail = grpc_healthy(args.target, args.service, args.timeout, args.tls_dir)
     else:

@@ -140,16 +140,21 @@ class Gateway:
         if name and name != self.info.name:
             raise model_error(name)
 
-    def reserve(self) -> Slot:
-        """Counts a generation request in flight until the slot is released; refuses past the
-        limit or while draining. Taken before the request's body is read or parsed, so that a
-        refusal under overload costs next to nothing."""
+    def check_capacity(self) -> None:
+        """Refuses (429, or 503 while draining) when no slot is free. Called before a body is
+        read or parsed, so that a refusal under overload costs next to nothing; the slot itself
+        is taken after parsing, so that a slow upload does not hold one."""
         if self.draining:
             raise unavailable_error("the gateway is shutting down", self.limits.retry_after_s)
         if self.active >= self.limits.max_concurrent_requests:
             raise overloaded(f"too many concurrent requests (limit "
                              f"{self.limits.max_concurrent_requests}); retry later",
                              self.limits.retry_after_s)
+
+    def reserve(self) -> Slot:
+        """Counts a generation request in flight until the slot is released; refuses past the
+        limit or while draining."""
+        self.check_capacity()
         self.active += 1
         metrics.RUNNING.inc()
         return Slot(self)

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl_gateway import metrics
-from minisgl_gateway.core import Gateway, Slot
+from minisgl_gateway.core import Gateway
 from minisgl_gateway.errors import ApiError, invalid
 from minisgl_gateway.generation import Generation
 from minisgl_gateway.job import Job
@@ -102,11 +102,9 @@ class KeepServerSend:
 
 
 class GenerationResponse(Response):
-    def __init__(self, gateway: Gateway, job: Job, stream: bool, include_usage: bool,
-                 slot: Slot | None = None) -> None:
+    def __init__(self, gateway: Gateway, job: Job, stream: bool, include_usage: bool) -> None:
         super().__init__()
         self.gateway = gateway
-        self.slot = slot  # admitted before the body was parsed; None: admit when run
         self.job = job
         self.stream = stream
         self.include_usage = include_usage
@@ -137,7 +135,7 @@ class GenerationResponse(Response):
         """`body_send` carries the chunks of a stream after its start (see KeepServerSend)."""
         gen: Generation | None = None
         try:
-            with self.slot or self.gateway.reserve():
+            with self.gateway.reserve():
                 gen = Generation(self.gateway, self.job)
                 await gen.start()
                 if self.stream:
@@ -251,15 +249,11 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def generate(request: Request, endpoint: str) -> GenerationResponse:
         gateway.check_key(request.headers.get("authorization"))
         # Admission first: under overload a 429 costs no body read and no parsing.
-        slot = gateway.reserve()
-        try:
-            raw = await read_body(request, gateway.limits.max_body_bytes)
-            job, stream, include_usage = await parse_request(
-                endpoint, raw, gateway.info.max_model_len)  # type: ignore[arg-type]
-        except BaseException:
-            slot.release()
-            raise
-        return GenerationResponse(gateway, job, stream, include_usage, slot)
+        gateway.check_capacity()
+        raw = await read_body(request, gateway.limits.max_body_bytes)
+        job, stream, include_usage = await parse_request(
+            endpoint, raw, gateway.info.max_model_len)  # type: ignore[arg-type]
+        return GenerationResponse(gateway, job, stream, include_usage)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> GenerationResponse:

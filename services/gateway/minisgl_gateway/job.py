@@ -64,6 +64,10 @@ def check_job(job: Job, limits: Limits, max_model_len: int, vocab_size: int) -> 
         if item.HasField("token_ids"):
             if not item.token_ids.ids:
                 raise invalid("a token-id prompt must not be empty", param=job.prompt_param)
+            if len(item.token_ids.ids) >= max_model_len:  # before the per-id loop below
+                raise invalid(f"the prompt has {len(item.token_ids.ids)} tokens; at most "
+                              f"{max_model_len - 1} fit the context window of {max_model_len}",
+                              param=job.prompt_param, code="context_length_exceeded")
             if any(not 0 <= t < vocab_size for t in item.token_ids.ids):
                 raise invalid(f"token ids in the prompt must be in [0, {vocab_size})",
                               param=job.prompt_param)

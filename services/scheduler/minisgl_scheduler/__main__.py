@@ -12,7 +12,7 @@ from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArg
 from minisgl_core.logging import setup_logging
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2_grpc
 from minisgl_core.security import from_args
-from minisgl_core.serving import ServiceHost, message_limit
+from minisgl_core.serving import ServiceHost
 
 from minisgl_scheduler.config import SchedulerConfig
 from minisgl_scheduler.metrics import SchedulerMetrics
@@ -68,9 +68,10 @@ def main(argv: list[str] | None = None) -> None:
              info.max_slots, info.max_model_len)
     metrics = SchedulerMetrics.get() if ns.metrics_port else None
     service = SchedulerService(scheduler, metrics).start()
+    # Message limit: the default (64 MiB). A ConnectRequest coalesces the submits of every request
+    # the gateway admitted meanwhile (hundreds of prompts), so no per-prompt bound applies.
     host = ServiceHost("scheduler", ns.host, ns.port, metrics_port=ns.metrics_port or None,
-                       security=security, metrics_host=ns.metrics_host or None,
-                       max_message_bytes=message_limit(info.max_model_len))
+                       security=security, metrics_host=ns.metrics_host or None)
     host.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, service, "minisgl.v1.Scheduler")
     host.on_drain(service.drain)
     host.serve_forever(drain_timeout=ns.drain_timeout)

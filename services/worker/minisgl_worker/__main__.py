@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from minisgl_core.proto.minisgl.v1 import worker_pb2_grpc
     from minisgl_core.security import from_args
-    from minisgl_core.serving import ServiceHost, message_limit
+    from minisgl_core.serving import ServiceHost
 
     from .engine import Engine
     from .server import WorkerService
@@ -103,9 +103,10 @@ def main(argv: list[str] | None = None) -> None:
                  info.model_name, info.num_pages, info.page_size, info.kv_cache_dtype,
                  info.max_slots, info.max_model_len, info.attention_backend, info.device)
         service = WorkerService(engine)
+        # Message limit: the default (64 MiB). One step may restart many requests, each with
+        # up to a context of history_ids, so no per-prompt bound applies.
         host = ServiceHost("worker", ns.host, ns.port, metrics_port=ns.metrics_port or None,
-                           security=security, metrics_host=ns.metrics_host or None,
-                           max_message_bytes=message_limit(info.max_model_len))
+                           security=security, metrics_host=ns.metrics_host or None)
         host.add(worker_pb2_grpc.add_WorkerServicer_to_server, service, "minisgl.v1.Worker")
         host.on_drain(service.drain)
         host.serve_forever(drain_timeout=ns.drain_timeout)
