@@ -18,11 +18,8 @@ import json
 import os
 import random
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from minisgl.launcher import Stack, StackConfig, free_port
 
 from tests.gateway.live_stack import idle, scheduler_load, wait_for
 
@@ -37,21 +34,6 @@ PROBE = ("A quiet library stood at the end of the street, its shelves heavy with
          "dusted the reading lamps and wrote the date on a small slate by the door. ") * 3
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def chaos(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
-    log_dir = tmp_path_factory.mktemp("faults")
-    config = StackConfig(
-        model_path=str(tiny_model_path), http_port=free_port(), grpc_port=free_port(),
-        internal_ports=dict.fromkeys(("worker", "tokenizer", "detokenizer", "scheduler"), 0),
-        extra_args={"gateway": ["--retry-after", "1"]}, log_dir=log_dir, metrics=False)
-    chaos = Chaos(Stack(config).start(), log_dir)
-    try:
-        yield chaos
-    finally:
-        codes = chaos.close()
-        assert all(code == 0 for code in codes.values()), codes
 
 
 def test_each_service_killed_and_restarted_under_load(chaos: Chaos) -> None:
