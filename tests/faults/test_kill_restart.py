@@ -10,7 +10,9 @@ afterwards no KV page is held by a request.
 `make test` runs one round (each service killed once; the worker while idle, the case where nothing
 fails and only the worker's identity tells the scheduler that its cache is gone). A longer loop:
 MINISGL_FAULT_ROUNDS=N (later rounds kill in random order, the worker under load every other
-round). Recovery times are printed and written to recovery.json in the stack's log folder."""
+round); MINISGL_FAULT_OUTAGE_S=S keeps each service down S seconds (default 0.5; long outages
+are where gRPC's default reconnect backoff used to add up to two minutes). Recovery times are
+printed and written to recovery.json in the stack's log folder."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from tests.gateway.live_stack import idle, scheduler_load, wait_for
 from .chaos import HANG_BOUND_S, LOAD_PROMPTS, Chaos, Load, Outcome, complete
 
 ROUNDS = int(os.environ.get("MINISGL_FAULT_ROUNDS", "1"))
+OUTAGE_S = float(os.environ.get("MINISGL_FAULT_OUTAGE_S", "0.5"))
 SERVICES = ["worker", "scheduler", "tokenizer", "detokenizer", "gateway"]
 RECOVERY_BOUND_S = 5.0
 # Used only by the probe after each restart: ~190 tokens, 11 full KV pages, a long cached prefix.
@@ -55,7 +58,7 @@ def test_each_service_killed_and_restarted_under_load(chaos: Chaos) -> None:
                 if idle_kill:
                     load.pause()
                 chaos.kill(name)
-                time.sleep(0.5)
+                time.sleep(OUTAGE_S)
                 healthy = chaos.start(name)
                 prompt = PROBE if name == "worker" else LOAD_PROMPTS[0]
                 first = chaos.first_success(prompt, healthy)
@@ -83,7 +86,7 @@ def test_each_service_killed_and_restarted_under_load(chaos: Chaos) -> None:
 
 
 def check_outcomes(outcomes: list[Outcome], reference: dict[str, Outcome]) -> None:
-    assert outcomes and sum(o.ok for o in outcomes) > len(outcomes) // 2, "the load did not run"
+    assert sum(o.ok for o in outcomes) >= 10, "the load did not run"
     for o in outcomes:
         assert o.ended - o.sent < HANG_BOUND_S, f"hung {o.ended - o.sent:.1f}s: {o}"
         if o.ok:
