@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     detokenizer_pb2,
@@ -55,6 +56,8 @@ class Pipeline:
                  retry_after: int = 1) -> None:
         self._sched = scheduler_pb2_grpc.SchedulerStub(scheduler)
         self._detok = detokenizer_pb2_grpc.DetokenizerStub(detokenizer)
+        self._health = {"scheduler": health_pb2_grpc.HealthStub(scheduler),
+                        "detokenizer": health_pb2_grpc.HealthStub(detokenizer)}
         self._retry_after = retry_after
         self._live: dict[int, Sequence] = {}  # rid -> sequence, until the scheduler's last update
         self._submits: list[scheduler_pb2.SubmitItem] = []
@@ -146,11 +149,15 @@ class Pipeline:
                          lost: Callable[[str], None]) -> None:
         """Keep one stream to `name` open, for both upstream streams: `serve(call)` runs it once
         connected, `down(call)` marks it down when it ends (True if it had been up), `lost(reason)`
-        fails what it carried. Then it is reopened after a jittered, capped backoff; the channel's
-        own reconnect backoff is capped too (minisgl_core.reconnect), so a service that is back
-        is found again within about a second."""
+        fails what it carried. It is (re)opened only once the service's gRPC health says SERVING,
+        polled with a jittered backoff of at most 1 s; the channel's own reconnect backoff is
+        capped too (minisgl_core.reconnect), so a service that is back is found within a second.
+        """
         backoff = Backoff()
         while not self._closing:
+            if not await self._serving(name):
+                await asyncio.sleep(backoff.next())
+                continue
             call = open_stream()
             reason = f"the {name} closed the stream"
             try:
@@ -173,6 +180,19 @@ class Pipeline:
                 metrics.UPSTREAM_STREAM_LOSSES.labels(name).inc()
             lost(reason)
             await asyncio.sleep(backoff.next())
+
+    async def _serving(self, name: str) -> bool:
+        """Whether `name` may take a stream now, by its gRPC health: one that listens but is not
+        ready (a scheduler waiting for its worker, a service draining) would take the stream and
+        end it at once, over and over. Waits up to a second for the channel to connect."""
+        try:
+            reply = await self._health[name].Check(health_pb2.HealthCheckRequest(),
+                                                   wait_for_ready=True, timeout=1.0)
+        except grpc.aio.AioRpcError as exc:
+            # No health service there (UNIMPLEMENTED): the stream itself will tell.
+            return exc.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.DEADLINE_EXCEEDED)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     async def _connect_loop(self) -> None:
         await self._keep_open("scheduler", self._sched.Connect, self._serve_connect,
