@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import grpc
 import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from minisgl.launcher import Stack
 from minisgl_core.serving import wait_for_health
 
@@ -36,6 +38,16 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def health(target: str) -> int | None:
+    """The gRPC health status `target` reports, None when it does not answer."""
+    with grpc.insecure_channel(target) as channel:
+        try:
+            return health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=2).status
+        except grpc.RpcError:
+            return None
 
 
 def body(prompt: str, stream: bool = False, max_tokens: int = MAX_TOKENS) -> dict:

@@ -4,8 +4,9 @@ on its own, under a light concurrent load (3 clients, half of them streaming, gr
 What must hold, whatever dies: no request hangs (each ends with its output or a clear error within
 HANG_BOUND_S); every request that succeeds returns exactly the fault-free output; the first request
 after a worker restart finds nothing cached (the new process's KV cache is empty) and still gives
-the same output; the first success comes at most 5 s after the restarted service reports healthy;
-afterwards no KV page is held by a request.
+the same output; the gateway's gRPC health turns NOT_SERVING while one of its upstreams is gone;
+the first success comes at most 5 s after the restarted service reports healthy; afterwards no
+KV page is held by a request.
 
 `make test` runs one round (each service killed once; the worker while idle, the case where nothing
 fails and only the worker's identity tells the scheduler that its cache is gone). A longer loop:
@@ -22,14 +23,17 @@ import random
 import time
 
 import pytest
+from grpc_health.v1 import health_pb2
 
 from tests.gateway.live_stack import idle, scheduler_load, wait_for
 
-from .chaos import HANG_BOUND_S, LOAD_PROMPTS, Chaos, Load, Outcome, complete
+from .chaos import HANG_BOUND_S, LOAD_PROMPTS, Chaos, Load, Outcome, complete, health
 
 ROUNDS = int(os.environ.get("MINISGL_FAULT_ROUNDS", "1"))
 OUTAGE_S = float(os.environ.get("MINISGL_FAULT_OUTAGE_S", "0.5"))
 SERVICES = ["worker", "scheduler", "tokenizer", "detokenizer", "gateway"]
+GATEWAY_UPSTREAMS = {"scheduler", "tokenizer", "detokenizer"}
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 RECOVERY_BOUND_S = 5.0
 # Used only by the probe after each restart: ~190 tokens, 11 full KV pages, a long cached prefix.
 PROBE = ("A quiet library stood at the end of the street, its shelves heavy with atlases, "
@@ -58,6 +62,9 @@ def test_each_service_killed_and_restarted_under_load(chaos: Chaos) -> None:
                 if idle_kill:
                     load.pause()
                 chaos.kill(name)
+                if name in GATEWAY_UPSTREAMS:  # the gateway's readiness follows its upstreams
+                    wait_for(lambda: health(chaos.stack.grpc_target) == NOT_SERVING, 5,
+                             f"gateway NOT_SERVING without the {name}")
                 time.sleep(OUTAGE_S)
                 healthy = chaos.start(name)
                 prompt = PROBE if name == "worker" else LOAD_PROMPTS[0]

@@ -12,29 +12,18 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import httpx
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from minisgl.launcher import Stack, StackConfig, free_port
 
 from tests.gateway.live_stack import ready_status, wait_for
 
-from .chaos import LOAD_PROMPTS, complete
+from .chaos import LOAD_PROMPTS, complete, health
 
 pytestmark = pytest.mark.e2e
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def health(target: str) -> int | None:
-    """The health status `target` reports, None when it does not answer."""
-    with grpc.insecure_channel(target) as channel:
-        try:
-            return health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=2).status
-        except grpc.RpcError:
-            return None
 
 
 def http_status(url: str) -> int | None:
