@@ -68,6 +68,7 @@ def test_sigterm_lets_in_flight_streams_finish_then_exits(chaos: Chaos, name: st
     gone = exited(chaos, name)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok]
     last = max(o.ended for o in outcomes)  # all were generating at the signal (InFlight)
+    print(f"\n{name}: exited {gone - last:.2f}s after the last stream ended")
     assert gone - last < DRAIN_EXIT_S, f"{name} exited {gone - last:.1f}s after the last stream"
     chaos.start(name)
     assert chaos.first_success(LOAD_PROMPTS[0], time.monotonic()).ok
@@ -77,6 +78,7 @@ def test_tokenizer_sigterm_exits_at_once_without_touching_streams(chaos: Chaos) 
     flight = InFlight(chaos)
     signalled = sigterm(chaos, "tokenizer")
     gone = exited(chaos, "tokenizer")
+    print(f"\ntokenizer: exited {gone - signalled:.2f}s after SIGTERM")
     assert gone - signalled < DRAIN_EXIT_S
     outcomes = flight.join()
     assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok]
@@ -89,6 +91,8 @@ def test_worker_sigterm_finishes_its_step_then_fails_the_rest_clearly(chaos: Cha
     signalled = sigterm(chaos, "worker")
     gone = exited(chaos, "worker")
     outcomes = flight.join()
+    print(f"\nworker: exited {gone - signalled:.2f}s after SIGTERM, streams ended "
+          f"{max(o.ended for o in outcomes) - signalled:.2f}s after it")
     assert gone - signalled < DRAIN_EXIT_S
     assert all(not o.ok and "worker" in o.error for o in outcomes), outcomes
     assert max(o.ended for o in outcomes) - signalled < DRAIN_EXIT_S
