@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -188,17 +189,31 @@ class Stack:
                     raise TimeoutError(f"{name} not healthy in time" + self._log_hint(name)) from None
 
     def _wait_listening(self, key: str, deadline: float) -> None:
-        """Until gateway replica `key` listens on both public ports (it binds them only once its
-        upstream streams are open, so listening means ready)."""
+        """Until gateway replica `key` listens on both public ports and the shared port answers
+        /ready on many fresh connections in a row (a gateway listens before its upstream streams
+        are open; the kernel spreads connections over the replicas, so a replica not yet ready
+        would sooner or later answer one of them with 503)."""
         ports = {self.config.http_port, self.config.grpc_port}
         proc = self.processes[key]
-        while _listening_ports(proc.pid) & ports != ports:
+        ready_in_a_row = 0
+        while ready_in_a_row < 16:
             if proc.poll() is not None:
                 raise RuntimeError(f"{key} exited with code {proc.returncode} during start-up"
                                    + self._log_hint(key))
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{key} not listening in time" + self._log_hint(key))
+                raise TimeoutError(f"{key} not ready in time" + self._log_hint(key))
+            if _listening_ports(proc.pid) & ports == ports and self._ready_once():
+                ready_in_a_row += 1
+                continue
+            ready_in_a_row = 0
             time.sleep(0.1)
+
+    def _ready_once(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.http_url + "/ready", timeout=5) as reply:
+                return reply.status == 200
+        except OSError:  # HTTPError (503) included
+            return False
 
     def _log_hint(self, name: str) -> str:
         if self.config.log_dir is None:

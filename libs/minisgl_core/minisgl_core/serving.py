@@ -31,6 +31,7 @@ from grpc_reflection.v1alpha import reflection
 
 from minisgl_core.gc_pause import freeze_startup_objects, thaw
 from minisgl_core.metrics import start_metrics_server
+from minisgl_core.reconnect import RECONNECT_OPTIONS
 from minisgl_core.security import InternalSecurity, get_default
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ GRPC_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    *RECONNECT_OPTIONS,  # clients find a restarted service within ~1 s (minisgl_core.reconnect)
 ]
 
 
@@ -106,7 +108,8 @@ class ServiceHost:
         in-flight work is done or the timeout has passed."""
         self._drain_hooks.append(hook)
 
-    def start(self) -> int:
+    def start(self, serving: bool = True) -> int:
+        """Listen; health says SERVING unless `serving` is False (see `set_serving`)."""
         if self._reflection:
             reflection.enable_server_reflection([*self._service_names, reflection.SERVICE_NAME],
                                                 self.server)
@@ -118,8 +121,7 @@ class ServiceHost:
         if self.bound_port == 0:
             raise RuntimeError(f"{self.name}: cannot listen on {self.address}")
         self.server.start()
-        for service in ["", *self._service_names[1:]]:
-            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self.set_serving(serving)
         if self.metrics_port:
             start_metrics_server(self.metrics_port, self.metrics_host)
         # Everything the service built before serving lives as long as the process.
@@ -129,6 +131,14 @@ class ServiceHost:
         log.info("%s listening on %s (internal auth: %s; metrics %s:%s)", self.name, self.address,
                  mode.lstrip("+"), self.metrics_host, self.metrics_port)
         return self.bound_port
+
+    def set_serving(self, serving: bool) -> None:
+        """Health of every service of this host: NOT_SERVING while it waits for a dependency.
+        Ignored once the drain began (health stays NOT_SERVING)."""
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for service in ["", *self._service_names[1:]]:  # [0] is the health service itself
+            self.health.set(service, status)
 
     def stop(self, drain_timeout: float = 30.0) -> None:
         if self._stop.is_set():
@@ -146,9 +156,15 @@ class ServiceHost:
         thaw()  # so that exiting frees them (native bindings such as Triton's check for leaks)
         log.info("%s stopped", self.name)
 
-    def serve_forever(self, drain_timeout: float = 30.0) -> None:
-        """Start, block until SIGTERM/SIGINT, drain, return (the caller exits 0)."""
-        self.start()
+    def serve_forever(self, drain_timeout: float = 30.0,
+                      prepare: Callable[[threading.Event], bool] | None = None) -> None:
+        """Start, block until SIGTERM/SIGINT, drain, return (the caller exits 0).
+
+        `prepare(stop)` runs once the server listens, with health NOT_SERVING: it waits for what
+        the service needs (the scheduler's worker) and returns True when ready (health turns
+        SERVING), or False once `stop` was set by a signal. What it raises stops the host and
+        propagates."""
+        self.start(serving=prepare is None)
         stop_requested = threading.Event()
 
         def _on_signal(signum: int, _frame: object) -> None:
@@ -157,6 +173,13 @@ class ServiceHost:
 
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
+        if prepare is not None:
+            try:
+                if prepare(stop_requested):
+                    self.set_serving(True)
+            except BaseException:
+                self.stop(0.0)
+                raise
         while not stop_requested.wait(0.5):
             pass
         self.stop(drain_timeout)

@@ -91,6 +91,9 @@ class WorkerInfo:
     # The worker reads columnar decode entries (StepRequest.decodes); set by the proto layer.
     columnar_decodes: bool = False
     kv_cache_dtype: str = ""  # "bfloat16", "float8_e4m3fn", ... ("" from an older worker)
+    # The worker process's identity, random per start (0: unknown, an older worker or an
+    # in-process engine). Another value later means a restarted worker with an empty KV cache.
+    epoch: int = 0
 
 
 class StepExecutor:
@@ -108,6 +111,11 @@ class StepExecutor:
 
     def collect(self) -> StepOutput:
         raise NotImplementedError
+
+    def check_worker(self) -> WorkerInfo | None:
+        """Between steps: the new info when the executor now drives another worker process (its
+        KV cache is empty), else None. An in-process engine never changes."""
+        return None
 
     def close(self) -> None:
         """Release resources; idempotent."""

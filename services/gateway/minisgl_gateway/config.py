@@ -44,7 +44,7 @@ class GatewayConfig:
     reuse_port: bool = False
     log_level: str = "info"
     drain_timeout: float = 30.0  # SIGTERM: seconds in-flight requests may take to finish
-    startup_timeout: float = 120.0  # waiting for the upstreams at start-up
+    startup_timeout: float = 0.0  # waiting for the upstreams at start-up; 0: as long as it takes
     upstream_timeout: float = 30.0  # unary upstream calls (Tokenize, DecodeTokens)
     internal_token_file: str = ""  # the token sent on every upstream call (minisgl_core.security)
     internal_tls_dir: str = ""  # mTLS to the upstreams: ca.crt, tls.crt, tls.key
@@ -75,7 +75,8 @@ def _parser() -> ServiceArgs:
              "processes on this host (SO_REUSEPORT; `minisgl serve --gateway-replicas`)", bool)
     args.add("--drain-timeout", d.drain_timeout, "SIGTERM: seconds to finish in-flight requests",
              float)
-    args.add("--startup-timeout", d.startup_timeout, "seconds to wait for the upstreams", float)
+    args.add("--startup-timeout", d.startup_timeout, "seconds to wait for the upstreams at "
+             "start-up, then exit 1 (0: as long as it takes; /ready says 503 meanwhile)", float)
     args.add("--upstream-timeout", d.upstream_timeout, "seconds for unary upstream calls", float)
     args.add_internal_security()
     args.add("--max-concurrent-requests", lim.max_concurrent_requests,

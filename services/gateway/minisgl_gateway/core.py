@@ -83,27 +83,38 @@ class Gateway:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the streams and learn the model; raises TimeoutError if upstreams stay down."""
+        """Open the streams and learn the model. Waits as long as the upstreams take when
+        `startup_timeout` is 0, else raises TimeoutError after that many seconds."""
         self.pipeline.start()
-        deadline = time.monotonic() + self.config.startup_timeout
-        last: Exception | None = None
-        while self._info is None:
-            try:
-                reply = await self._tokenizer.GetTokenizerInfo(
-                    tokenizer_pb2.GetTokenizerInfoRequest(), wait_for_ready=True,
-                    timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-                self._info = ModelInfo(
-                    name=self.config.model_name or reply.model_name or "minisgl",
-                    max_model_len=reply.max_model_len, vocab_size=reply.vocab_size)
-            except grpc.aio.AioRpcError as exc:
-                last = exc
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"tokenizer at {self.config.tokenizer} did not answer: "
-                                       f"{exc.code().name}") from None
+        timeout = self.config.startup_timeout
+        begin = time.monotonic()
+        deadline = begin + timeout if timeout > 0 else float("inf")
+        next_note = begin + 10.0
+        while self._info is None or not self.pipeline.ready:
+            problem = ""
+            if self._info is None:
+                try:
+                    reply = await self._tokenizer.GetTokenizerInfo(
+                        tokenizer_pb2.GetTokenizerInfoRequest(), wait_for_ready=True,
+                        timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                    self._info = ModelInfo(
+                        name=self.config.model_name or reply.model_name or "minisgl",
+                        max_model_len=reply.max_model_len, vocab_size=reply.vocab_size)
+                    continue
+                except grpc.aio.AioRpcError as exc:
+                    problem = f"tokenizer at {self.config.tokenizer}: {exc.code().name}"
+            else:
+                await self.pipeline.wait_ready(min(1.0, max(0.0, deadline - time.monotonic())))
+                problem = (f"scheduler ({self.config.scheduler}) and detokenizer "
+                           f"({self.config.detokenizer}) streams not open")
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"upstreams not ready after {timeout:.0f}s: {problem}")
+            if now >= next_note:
+                log.warning("still waiting for upstreams after %.0fs: %s", now - begin, problem)
+                next_note = now + 30.0
+            if self._info is None:
                 await asyncio.sleep(0.2)
-        if not await self.pipeline.wait_ready(max(0.0, deadline - time.monotonic())):
-            raise TimeoutError(f"could not open the scheduler ({self.config.scheduler}) and "
-                               f"detokenizer ({self.config.detokenizer}) streams; last: {last}")
         log.info("serving model %s (context %d, vocab %d)", self.info.name,
                  self.info.max_model_len, self.info.vocab_size)
 
@@ -223,4 +234,5 @@ class Gateway:
         results = await asyncio.gather(*(check(self._channels[n]) for n in names))
         status = dict(zip(names, results, strict=True))
         status["streams"] = self.pipeline.ready
+        status["model_info"] = self._info is not None  # learned from the tokenizer at start-up
         return status

@@ -18,8 +18,10 @@ import logging
 import secrets
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     detokenizer_pb2,
@@ -27,6 +29,7 @@ from minisgl_core.proto.minisgl.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
+from minisgl_core.reconnect import Backoff
 
 from minisgl_gateway import metrics
 from minisgl_gateway.errors import ApiError, from_upstream, unavailable
@@ -53,6 +56,8 @@ class Pipeline:
                  retry_after: int = 1) -> None:
         self._sched = scheduler_pb2_grpc.SchedulerStub(scheduler)
         self._detok = detokenizer_pb2_grpc.DetokenizerStub(detokenizer)
+        self._health = {"scheduler": health_pb2_grpc.HealthStub(scheduler),
+                        "detokenizer": health_pb2_grpc.HealthStub(detokenizer)}
         self._retry_after = retry_after
         self._live: dict[int, Sequence] = {}  # rid -> sequence, until the scheduler's last update
         self._submits: list[scheduler_pb2.SubmitItem] = []
@@ -138,39 +143,80 @@ class Pipeline:
             (self._stops if stop else self._aborts).add(rid)
             self._wake.set()
 
-    async def _connect_loop(self) -> None:
-        backoff = 0.05
+    async def _keep_open(self, name: str, open_stream: Callable[[], grpc.aio.StreamStreamCall],
+                         serve: Callable[[grpc.aio.StreamStreamCall], Awaitable[None]],
+                         down: Callable[[grpc.aio.StreamStreamCall], bool],
+                         lost: Callable[[str], None]) -> None:
+        """Keep one stream to `name` open, for both upstream streams: `serve(call)` runs it once
+        connected, `down(call)` marks it down when it ends (True if it had been up), `lost(reason)`
+        fails what it carried. It is (re)opened only once the service's gRPC health says SERVING,
+        polled with a jittered backoff of at most 1 s; the channel's own reconnect backoff is
+        capped too (minisgl_core.reconnect), so a service that is back is found within a second.
+        """
+        backoff = Backoff()
         while not self._closing:
-            call = self._sched.Connect()
-            writer = asyncio.create_task(self._write_connect(call))
-            reason = "the scheduler closed the stream"
+            if not await self._serving(name):
+                await asyncio.sleep(backoff.next())
+                continue
+            call = open_stream()
+            reason = f"the {name} closed the stream"
             try:
                 await call.wait_for_connection()
-                self._sched_up, backoff = True, 0.05
-                log.info("scheduler stream open")
-                async for response in call:
-                    await self._on_step(response)
+                backoff.reset()
+                log.info("%s stream open", name)
+                await serve(call)
             except grpc.aio.AioRpcError as exc:
                 reason = f"{exc.code().name}: {exc.details()}"
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug here must not leave requests hanging
-                log.exception("scheduler stream handler failed")
+                log.exception("%s stream handler failed", name)
                 reason = repr(exc)
             finally:
-                was_up, self._sched_up = self._sched_up, False
-                writer.cancel()
+                was_up = down(call)
                 call.cancel()
             if was_up:
-                log.warning("scheduler stream lost: %s", reason)
-                metrics.UPSTREAM_STREAM_LOSSES.labels("scheduler").inc()
-            self._submits.clear()
-            self._aborts.clear()
-            self._stops.clear()
-            self._fail_all(unavailable(f"lost the connection to the scheduler ({reason})",
-                                       self._retry_after))
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+                log.warning("%s stream lost: %s", name, reason)
+                metrics.UPSTREAM_STREAM_LOSSES.labels(name).inc()
+            lost(reason)
+            await asyncio.sleep(backoff.next())
+
+    async def _serving(self, name: str) -> bool:
+        """Whether `name` may take a stream now, by its gRPC health: one that listens but is not
+        ready (a scheduler waiting for its worker, a service draining) would take the stream and
+        end it at once, over and over. Waits up to a second for the channel to connect."""
+        try:
+            reply = await self._health[name].Check(health_pb2.HealthCheckRequest(),
+                                                   wait_for_ready=True, timeout=1.0)
+        except grpc.aio.AioRpcError as exc:
+            # No health service there (UNIMPLEMENTED): the stream itself will tell.
+            return exc.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.DEADLINE_EXCEEDED)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def _connect_loop(self) -> None:
+        await self._keep_open("scheduler", self._sched.Connect, self._serve_connect,
+                              self._connect_down, self._connect_lost)
+
+    async def _serve_connect(self, call: grpc.aio.StreamStreamCall) -> None:
+        writer = asyncio.create_task(self._write_connect(call))
+        self._sched_up = True
+        try:
+            async for response in call:
+                await self._on_step(response)
+        finally:
+            writer.cancel()
+
+    def _connect_down(self, call: grpc.aio.StreamStreamCall) -> bool:
+        was_up, self._sched_up = self._sched_up, False
+        return was_up
+
+    def _connect_lost(self, reason: str) -> None:
+        self._submits.clear()
+        self._aborts.clear()
+        self._stops.clear()
+        self._fail_all(unavailable(f"lost the connection to the scheduler ({reason})",
+                                   self._retry_after))
 
     async def _write_connect(self, call: grpc.aio.StreamStreamCall) -> None:
         """Everything queued since the last send goes out as one ConnectRequest."""
@@ -259,33 +305,21 @@ class Pipeline:
     # -- detokenizer stream ------------------------------------------------------------------
 
     async def _detok_loop(self) -> None:
-        backoff = 0.05
-        while not self._closing:
-            call = self._detok.Detokenize()
-            reason = "the detokenizer closed the stream"
-            try:
-                await call.wait_for_connection()
-                self._detok_call, backoff = call, 0.05
-                log.info("detokenizer stream open")
-                async for response in call:
-                    self._on_deltas(response)
-            except grpc.aio.AioRpcError as exc:
-                reason = f"{exc.code().name}: {exc.details()}"
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.exception("detokenizer stream handler failed")
-                reason = repr(exc)
-            finally:
-                was_up, self._detok_call = self._detok_call is call, None
-                call.cancel()
-            if was_up:
-                log.warning("detokenizer stream lost: %s", reason)
-                metrics.UPSTREAM_STREAM_LOSSES.labels("detokenizer").inc()
-            self._on_detok_lost(unavailable(f"lost the connection to the detokenizer ({reason})",
-                                            self._retry_after))
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+        await self._keep_open("detokenizer", self._detok.Detokenize, self._serve_detok,
+                              self._detok_down, self._detok_lost)
+
+    async def _serve_detok(self, call: grpc.aio.StreamStreamCall) -> None:
+        self._detok_call = call
+        async for response in call:
+            self._on_deltas(response)
+
+    def _detok_down(self, call: grpc.aio.StreamStreamCall) -> bool:
+        was_up, self._detok_call = self._detok_call is call, None
+        return was_up
+
+    def _detok_lost(self, reason: str) -> None:
+        self._on_detok_lost(unavailable(f"lost the connection to the detokenizer ({reason})",
+                                        self._retry_after))
 
     async def _send_detok(self, request: detokenizer_pb2.DetokenizeRequest, batch: Batch) -> None:
         call = self._detok_call

@@ -1,6 +1,9 @@
 """One process, one event loop: the gRPC server (grpc.aio) and uvicorn (HTTP) side by side.
 
-Start-up: open upstream streams, learn the model, bind both listeners, then report SERVING.
+Start-up: bind both listeners at once (`/health` answers: the process lives), then wait for the
+upstreams as long as it takes (or --startup-timeout seconds, then exit 1): open the streams, learn
+the model. Until then `/ready` answers 503 and gRPC health NOT_SERVING; afterwards both follow the
+upstreams (checked every second), so a balancer routes only to a gateway that can serve.
 SIGTERM/SIGINT: /ready and gRPC health turn NOT_SERVING, new requests get 503, in-flight ones
 may finish for up to --drain-timeout seconds, both servers stop, the process exits 0."""
 
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 # 75 s is above the usual load-balancer idle timeout (60 s), so the balancer closes first.
 KEEP_ALIVE_S = 75
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+HEALTH_INTERVAL_S = 1.0  # gRPC health follows the upstreams at this pace
 
 
 def _bind_tcp(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -91,6 +95,8 @@ class GatewayServer:
         self.http_port = 0
         self._stop = asyncio.Event()
         self._http_task: asyncio.Task[None] | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self._serving = False
 
     def _bind_grpc(self) -> int:
         address = f"{self.config.host}:{self.config.grpc_port}"
@@ -105,8 +111,8 @@ class GatewayServer:
         return port
 
     async def start(self) -> None:
-        await self.gateway.start()
         self.grpc_port = self._bind_grpc()
+        await self._set_health(False)
         await self.grpc_server.start()
         # Bound here, not by uvicorn: uvicorn answers a busy port with sys.exit(), which would
         # tear through the event loop instead of reaching the clean shutdown below.
@@ -119,15 +125,34 @@ class GatewayServer:
                 self._http_task = None
                 raise RuntimeError(f"HTTP server failed to start: {error!r}")
             await asyncio.sleep(0.02)
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        scheme = "https" if self.config.tls_cert else "http"
+        log.info("gateway listening: %s://%s:%d (OpenAI), gRPC %s:%d; waiting for upstreams",
+                 scheme, self.config.host, self.http_port, self.config.host, self.grpc_port)
+        await self.gateway.start()
+        await self._set_health(True)
+        self._health_task = asyncio.create_task(self._follow_upstreams())
         # What exists now (FastAPI, pydantic, protobuf, gRPC, the app) lives as long as the
         # process: out of the cyclic collector's generations, the collections that streaming's
         # short-lived garbage triggers no longer walk it (about 1 us per token in a benchmark).
         freeze_startup_objects()
-        scheme = "https" if self.config.tls_cert else "http"
-        log.info("gateway ready: %s://%s:%d (OpenAI), gRPC %s:%d", scheme, self.config.host,
-                 self.http_port, self.config.host, self.grpc_port)
+        log.info("gateway ready")
+
+    async def _set_health(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+        self._serving = serving
+
+    async def _follow_upstreams(self) -> None:
+        """gRPC health says what /ready says: SERVING only while every upstream is."""
+        while not self.gateway.draining:
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            ok = all((await self.gateway.upstream_health()).values())
+            if ok != self._serving and not self.gateway.draining:
+                log.warning("upstreams %s: gRPC health %s", "back" if ok else "down",
+                            "SERVING" if ok else "NOT_SERVING")
+                await self._set_health(ok)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -136,6 +161,8 @@ class GatewayServer:
         """Stop taking requests, let the admitted ones finish (bounded), stop both servers."""
         gw = self.gateway
         gw.draining = True
+        if self._health_task is not None:
+            self._health_task.cancel()
         await self.health.enter_graceful_shutdown()
         deadline = time.monotonic() + self.config.drain_timeout
         log.info("draining %d in-flight requests (up to %.0fs)", gw.active,

@@ -6,6 +6,8 @@ Every flag also reads MINISGL_SCHEDULER_<FLAG> from the environment (flags win).
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from dataclasses import fields
 
 from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
@@ -15,7 +17,9 @@ from minisgl_core.security import from_args
 from minisgl_core.serving import ServiceHost
 
 from minisgl_scheduler.config import SchedulerConfig
+from minisgl_scheduler.errors import WorkerFailed
 from minisgl_scheduler.metrics import SchedulerMetrics
+from minisgl_scheduler.pending import PendingScheduler
 from minisgl_scheduler.scheduler import Scheduler
 from minisgl_scheduler.server import SchedulerService
 from minisgl_scheduler.worker_client import WorkerClient
@@ -40,7 +44,8 @@ def build_parser() -> ServiceArgs:
     args = ServiceArgs("scheduler", "minisgl scheduler: continuous batching over a worker")
     args.add_common(DEFAULT_PORTS["scheduler"], DEFAULT_METRICS_PORTS["scheduler"])
     args.add("--worker", f"127.0.0.1:{DEFAULT_PORTS['worker']}", "the worker's gRPC address")
-    args.add("--worker-timeout", 120.0, "seconds to wait for the worker at start-up", float)
+    args.add("--worker-timeout", 0.0, "seconds to wait for the worker at start-up, then exit 1 "
+             "(0: wait as long as it takes; health says NOT_SERVING meanwhile)", float)
     args.add("--step-timeout", 600.0, "seconds a step may take before the worker counts as failed",
              float)
     defaults = SchedulerConfig()
@@ -59,23 +64,38 @@ def main(argv: list[str] | None = None) -> None:
     security = from_args(ns.internal_token_file, ns.internal_tls_dir)
     config = SchedulerConfig(**{f.name: getattr(ns, f.name) for f in fields(SchedulerConfig)})
     config.validate()
-    client = WorkerClient(ns.worker, connect_timeout=ns.worker_timeout,
-                          step_timeout=ns.step_timeout)
-    scheduler = Scheduler(client, config)
-    info = scheduler.info
-    log.info("worker %s: model %s, %d pages x %d tokens (%s), %d slots, context %d", ns.worker,
-             info.model_name, info.num_pages, info.page_size, info.kv_cache_dtype or "?",
-             info.max_slots, info.max_model_len)
     metrics = SchedulerMetrics.get() if ns.metrics_port else None
-    service = SchedulerService(scheduler, metrics).start()
+    pending = PendingScheduler(ns.worker)
     # Message limit: the default (64 MiB). A ConnectRequest coalesces the submits of every request
     # the gateway admitted meanwhile (hundreds of prompts), so no per-prompt bound applies.
     host = ServiceHost("scheduler", ns.host, ns.port, metrics_port=ns.metrics_port or None,
                        security=security, metrics_host=ns.metrics_host or None)
-    host.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, service, "minisgl.v1.Scheduler")
-    host.on_drain(service.drain)
-    host.serve_forever(drain_timeout=ns.drain_timeout)
+    host.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, pending, "minisgl.v1.Scheduler")
+    host.on_drain(pending.drain)
 
+    def connect(stop: threading.Event) -> bool:
+        """Listening with health NOT_SERVING: wait for the worker, then serve."""
+        log.info("waiting for the worker at %s", ns.worker)
+        try:
+            client = WorkerClient(ns.worker, connect_timeout=ns.worker_timeout,
+                                  step_timeout=ns.step_timeout, stop=stop)
+        except WorkerFailed:
+            if stop.is_set():
+                return False
+            raise
+        scheduler = Scheduler(client, config)
+        info = scheduler.info
+        log.info("worker %s: model %s, %d pages x %d tokens (%s), %d slots, context %d",
+                 ns.worker, info.model_name, info.num_pages, info.page_size,
+                 info.kv_cache_dtype or "?", info.max_slots, info.max_model_len)
+        pending.attach(SchedulerService(scheduler, metrics).start())
+        return True
+
+    try:
+        host.serve_forever(drain_timeout=ns.drain_timeout, prepare=connect)
+    except WorkerFailed as exc:
+        log.error("%s", exc)
+        sys.exit(1)
 
 if __name__ == "__main__":
     main()

@@ -10,6 +10,10 @@ never waits for the previous result. Two consequences are handled here:
 
 When the pool cannot grow a running request, the youngest running request is preempted: its written
 KV goes to the prefix cache (evictable) and it is recomputed later from prompt + outputs so far.
+
+Pages, slots and the prefix cache describe the KV of one worker process. When another process
+answers (a restarted worker, `StepExecutor.check_worker`), all of it is dropped: running requests
+fail with a clear error, waiting ones start from scratch on the new worker.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import logging
 from collections import deque
 
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.step import ReqPlan, StepExecutor, StepOutput, StepPlan
+from minisgl_core.step import ReqPlan, StepExecutor, StepOutput, StepPlan, WorkerInfo
 
 from minisgl_scheduler.admission import check_request, reserve_pages, waiting_order
 from minisgl_scheduler.config import SchedulerConfig
@@ -44,12 +48,7 @@ class Scheduler:
         self.config = config = config or SchedulerConfig()
         config.validate()
         self.executor = executor
-        self.info = info = executor.info()
-        self.page_size = info.page_size
-        self.kv = KVManager(info.num_pages, info.page_size, use_cache=config.cache == "radix")
-        self.max_running = min(config.max_running_requests, info.max_slots)
-        self.eos_ids = frozenset(info.eos_token_ids)
-        self._free_slots = list(range(info.max_slots))  # a heap: lowest slot first
+        self._adopt(executor.info())
         self.reqs: dict[int, Request] = {}  # live (not ended) requests by rid
         self.waiting: list[Request] = []  # sorted by arrival
         self.running: list[Request] = []  # sorted by arrival
@@ -62,6 +61,15 @@ class Scheduler:
         self._poisoned = False
         self._poison_until = 0
         self._counters = dict(hit=0, query=0, preempt=0, prefill=0, decode=0, steps=0, done=0)
+
+    def _adopt(self, info: WorkerInfo) -> None:
+        """Page and slot state for a worker (at start, or a new process): all empty."""
+        self.info = info
+        self.page_size = info.page_size
+        self.kv = KVManager(info.num_pages, info.page_size, use_cache=self.config.cache == "radix")
+        self.max_running = min(self.config.max_running_requests, info.max_slots)
+        self.eos_ids = frozenset(info.eos_token_ids)
+        self._free_slots = list(range(info.max_slots))  # a heap: lowest slot first
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -102,6 +110,13 @@ class Scheduler:
 
     def step(self) -> list[TokenEvent]:
         """One scheduling iteration: plan + launch a step, collect finished ones, report."""
+        try:
+            info = self.executor.check_worker()
+        except WorkerFailed as exc:
+            self._worker_down(exc)
+            return self._take_events()
+        if info is not None:
+            self._worker_replaced(info)
         launched = self._plan()
         if launched.plan.reqs:
             self._launch(launched)
@@ -110,6 +125,9 @@ class Scheduler:
         keep = 1 if launched.plan.reqs and not self.config.disable_overlap else 0
         while len(self.inflight) > keep:
             self._collect()
+        return self._take_events()
+
+    def _take_events(self) -> list[TokenEvent]:
         events = list(self._events.values())
         self._events.clear()
         return events
@@ -337,6 +355,28 @@ class Scheduler:
         for req in step.reqs:
             self._maybe_release(req)
         self._maybe_unpoison()
+
+    def _worker_down(self, exc: WorkerFailed) -> None:
+        """The worker cannot be reached: fail everything that waits for it now (no hang)."""
+        self._drain()  # steps on the broken stream fail at once
+        for req in self.running + self.waiting:
+            self._finish(req, FinishReason.ERROR, exc)
+
+    def _worker_replaced(self, info: WorkerInfo) -> None:
+        """Another worker process answers: every page, slot and cached prefix we track is gone."""
+        old = self.info
+        log.warning(
+            "the worker restarted (epoch %x -> %x): dropping the prefix cache (%d cached pages) "
+            "and all page mappings, failing %d running requests, %d waiting start anew",
+            old.epoch, info.epoch, self.kv.cached_pages, len(self.running), len(self.waiting))
+        self._drain()  # steps sent to the old process fail (their stream broke)
+        error = WorkerFailed("the worker restarted and lost this request's KV cache; retry")
+        for req in list(self.running):
+            req.kv_valid = False
+            self._finish(req, FinishReason.ERROR, error)
+        assert not self.inflight and not self._zombies
+        self._poisoned = False
+        self._adopt(info)
 
     def _maybe_unpoison(self) -> None:
         if self._poisoned and all(s.plan.step_id > self._poison_until for s in self.inflight):

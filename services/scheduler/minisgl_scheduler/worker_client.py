@@ -5,13 +5,21 @@ plan is on the wire while the worker still computes the previous one. A broken s
 error or a step that takes longer than `step_timeout` make `collect` raise `WorkerFailed` for every
 step sent on that stream; the scheduler then fails the affected requests, and the next `launch`
 opens a fresh stream (the worker may have been restarted).
+
+A worker process has an identity, its `epoch`. Between steps `check_worker` asks the worker for its
+info whenever no healthy stream is open; another epoch than before means a new process with an
+empty KV cache, which the scheduler must learn before it plans on cached pages. Every step reply
+carries the epoch too, so a restart that slips in between the check and the new stream still fails
+that step instead of returning tokens computed over missing KV.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,25 +50,74 @@ class _Stream:
 
 
 class WorkerClient(StepExecutor):
+    """`connect_timeout` bounds the wait for the worker at start-up; 0 waits until it answers
+    (or `stop` is set: WorkerFailed)."""
+
+    # A worker that does not answer GetWorkerInfo within this (between steps, after its stream
+    # broke) counts as down: the scheduler fails what waits for it rather than stall its loop.
+    CHECK_TIMEOUT_S = 1.0
+
     def __init__(self, target: str, connect_timeout: float = 120.0,
-                 step_timeout: float = 600.0) -> None:
+                 step_timeout: float = 600.0, stop: threading.Event | None = None) -> None:
         self.target = target
         self.step_timeout = step_timeout
         self._channel = channel(target)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         try:
-            reply = self._stub.GetWorkerInfo(worker_pb2.GetWorkerInfoRequest(),
-                                             timeout=connect_timeout, wait_for_ready=True)
-        except grpc.RpcError as exc:
+            self._info = self._wait_for_worker(connect_timeout, stop)
+        except BaseException:
             self._channel.close()
-            raise WorkerFailed(f"cannot reach the worker at {target}: {exc.details()}") from None
-        self._info = info_from_proto(reply)
+            raise
         self._stream: _Stream | None = None
         self._sent: deque[_Stream] = deque()  # the stream each launched step went out on
         self._closed = False
 
+    def _wait_for_worker(self, timeout: float, stop: threading.Event | None) -> WorkerInfo:
+        start = time.monotonic()
+        deadline = start + timeout if timeout > 0 else math.inf
+        next_note = start + 10.0
+        while True:
+            if stop is not None and stop.is_set():
+                raise WorkerFailed(f"stopped while waiting for the worker at {self.target}")
+            began = time.monotonic()
+            try:
+                reply = self._stub.GetWorkerInfo(
+                    worker_pb2.GetWorkerInfoRequest(), wait_for_ready=True,
+                    timeout=max(0.05, min(2.0, deadline - began)))
+                return info_from_proto(reply)
+            except grpc.RpcError as exc:
+                error = f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+            now = time.monotonic()
+            if now >= deadline:
+                raise WorkerFailed(f"cannot reach the worker at {self.target} within "
+                                   f"{timeout:.0f}s: {error}")
+            if now >= next_note:
+                log.info("still waiting for the worker at %s after %.0fs (%s)", self.target,
+                         now - start, error)
+                next_note = now + 30.0
+            if now - began < 0.2:  # refused at once (not a wait for the connection): pace it
+                time.sleep(0.2)
+
     def info(self) -> WorkerInfo:
         return self._info
+
+    def check_worker(self) -> WorkerInfo | None:
+        """Between steps: None while the worker is the process we know, its info when another
+        process (a restarted worker) answers. Raises WorkerFailed when it cannot be reached."""
+        stream = self._stream
+        if stream is not None and stream.failure is None:
+            return None  # an open stream is bound to the process it was opened to
+        try:
+            reply = self._stub.GetWorkerInfo(worker_pb2.GetWorkerInfoRequest(),
+                                             wait_for_ready=True, timeout=self.CHECK_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            raise WorkerFailed(f"the worker at {self.target} is unreachable: "
+                               f"{exc.code().name}: {exc.details()}") from None  # type: ignore[attr-defined]
+        info = info_from_proto(reply)
+        if info.epoch == self._info.epoch:
+            return None
+        self._info = info
+        return info
 
     def launch(self, plan: StepPlan) -> None:
         if self._closed:
@@ -88,6 +145,9 @@ class WorkerClient(StepExecutor):
                 raise stream.failure from None  # type: ignore[misc]
         if isinstance(item, Exception):
             raise item
+        if item.worker_epoch and item.worker_epoch != self._info.epoch:
+            self._fail(stream, WorkerFailed("the worker restarted: a new process answered the step"))
+            raise stream.failure from None  # type: ignore[misc]
         return output_from_proto(item)
 
     def close(self) -> None:

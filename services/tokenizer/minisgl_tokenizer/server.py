@@ -111,18 +111,28 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
 
 class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
-    """One `Detokenizer` per stream: a stream is one caller's set of requests."""
+    """One `Detokenizer` per stream: a stream is one caller's set of requests.
+
+    SIGTERM (`drain`): a caller's stream lives as long as the caller, so the detokenizer ends each
+    stream itself once no request on it is mid-generation (bounded by the drain timeout); the
+    gateway then fails nothing and reopens the stream to another detokenizer."""
 
     def __init__(self, model: ModelTokenizer) -> None:
         self.model = model
         self._lock = threading.Lock()
         self._streams = 0
         self._idle = threading.Condition(self._lock)
+        self._open: dict[grpc.ServicerContext, Detokenizer] = {}
+        self._closing = False
 
     def Detokenize(self, request_iterator: Iterator[detokenizer_pb2.DetokenizeRequest],  # noqa: N802
                    context: grpc.ServicerContext) -> Iterator[detokenizer_pb2.DetokenizeResponse]:
+        if self._closing:  # a caller reconnecting during the drain must go elsewhere
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the detokenizer is shutting down")
         detok = Detokenizer(self.model.tokenizer, self.model.special_text)
         self._opened()
+        with self._lock:
+            self._open[context] = detok
         active = 0
         try:
             for request in request_iterator:
@@ -153,6 +163,8 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
                 active = detok.active
                 metrics.DETOK_STEP_SECONDS.observe(time.perf_counter() - started)
         finally:
+            with self._lock:
+                self._open.pop(context, None)
             metrics.DETOK_REQUESTS.dec(active)
             self._closed()
 
@@ -168,8 +180,15 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
         metrics.DETOK_STREAMS.dec()
 
     def drain(self, timeout: float) -> None:
-        """Shutdown hook: wait for callers to close their streams (they stop first)."""
+        """Shutdown hook: end each stream once none of its requests is mid-generation (callers
+        reopen elsewhere); past `timeout` the server's stop cuts the rest."""
         deadline = time.monotonic() + timeout
-        with self._lock:
-            while self._streams and (left := deadline - time.monotonic()) > 0:
-                self._idle.wait(left)
+        self._closing = True
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._streams:
+                    return
+                quiet = [ctx for ctx, detok in self._open.items() if not detok.active]
+            for ctx in quiet:
+                ctx.cancel()
+            time.sleep(0.05)

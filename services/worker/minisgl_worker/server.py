@@ -6,12 +6,18 @@ yet answered), while the response generator collects them in order; so with over
 the next plan is queued on the device while the previous one computes. A plan that fails (bad
 plan, engine error) is answered with `StepResponse.error`; the stream and the process live on.
 One stream drives the engine at a time; a second waits for the first to end.
+
+Every reply carries the process's `epoch`, a random number chosen at start-up: a scheduler that
+sees another epoch than before knows the worker restarted and its KV cache is empty. On SIGTERM
+the steps already launched are computed and answered, plans that arrive after it are not run, and
+the Step stream ends (the scheduler fails what it still had in flight with a clear error).
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -49,11 +55,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._stream_lock = threading.Lock()
         self._active = 0
         self._idle = threading.Condition()
+        self._orders: set[queue.Queue] = set()  # the answer queue of each open Step stream
+        self._closing = False
         self.metrics = _metrics()
+        self.epoch = secrets.randbits(64) or 1  # 0 means "unknown" on the wire
 
     def GetWorkerInfo(self, request: worker_pb2.GetWorkerInfoRequest,
                       context: grpc.ServicerContext) -> worker_pb2.GetWorkerInfoResponse:
-        return info_to_proto(self.engine.info())
+        reply = info_to_proto(self.engine.info())
+        reply.epoch = self.epoch
+        return reply
 
     def Step(self, request_iterator: Iterator[worker_pb2.StepRequest],
              context: grpc.ServicerContext) -> Iterator[worker_pb2.StepResponse]:
@@ -75,18 +86,27 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         reader = threading.Thread(target=self._launch_loop, args=(requests, order, room, stop),
                                   name="worker-launch", daemon=True)
         reader.start()
+        with self._idle:
+            self._orders.add(order)
+            if self._closing:
+                order.put(_END)
         try:
             while (item := order.get()) is not _END:
                 try:
-                    yield self._answer(item)
+                    reply = self._answer(item)
+                    reply.worker_epoch = self.epoch
+                    yield reply
                 finally:
                     room.release()
         finally:
-            # The client went away mid-stream: let the reader stop, then collect whatever it
-            # launched so the engine's in-flight queue stays aligned for the next stream.
+            # The client went away mid-stream (or SIGTERM ended it): let the reader stop, then
+            # collect whatever it launched so the engine's in-flight queue stays aligned for the
+            # next stream. On SIGTERM the reader may sit waiting for a plan that never comes.
+            with self._idle:
+                self._orders.discard(order)
             stop.set()
             room.release()
-            reader.join()
+            reader.join(timeout=1.0 if self._closing else None)
             while not order.empty():
                 item = order.get()
                 if item is not _END and item[0] == "step":
@@ -97,7 +117,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             for req in requests:
                 room.acquire()
-                if stop.is_set():
+                if stop.is_set() or self._closing:
                     break
                 try:
                     plan = plan_from_proto(req)
@@ -136,8 +156,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return output_to_proto(out)
 
     def drain(self, timeout: float) -> None:
-        """Wait (up to `timeout`) for open Step streams to end; the scheduler closes them."""
+        """SIGTERM: answer the steps already launched, run no new plan, end every Step stream
+        (waiting up to `timeout` for them to finish)."""
         deadline = time.monotonic() + timeout
         with self._idle:
+            self._closing = True
+            for order in self._orders:
+                order.put(_END)  # after the launched steps' entries: those are answered first
             while self._active and time.monotonic() < deadline:
                 self._idle.wait(max(0.0, deadline - time.monotonic()))

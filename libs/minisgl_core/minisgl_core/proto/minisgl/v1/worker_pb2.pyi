@@ -57,7 +57,7 @@ class StepRequest(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestPlan, _Mapping]]] = ..., decodes: _Optional[_Union[DecodeEntries, _Mapping]] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("step_id", "rids", "token_ids", "logprobs", "top_logprobs", "forward_ms", "error")
+    __slots__ = ("step_id", "rids", "token_ids", "logprobs", "top_logprobs", "forward_ms", "error", "worker_epoch")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     RIDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class StepResponse(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_MS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    WORKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     rids: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -72,14 +73,15 @@ class StepResponse(_message.Message):
     top_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopLogprobs]
     forward_ms: float
     error: _common_pb2.Error
-    def __init__(self, step_id: _Optional[int] = ..., rids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., forward_ms: _Optional[float] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
+    worker_epoch: int
+    def __init__(self, step_id: _Optional[int] = ..., rids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., forward_ms: _Optional[float] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., worker_epoch: _Optional[int] = ...) -> None: ...
 
 class GetWorkerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GetWorkerInfoResponse(_message.Message):
-    __slots__ = ("model_name", "num_pages", "page_size", "max_model_len", "max_slots", "vocab_size", "eos_token_ids", "tp_size", "device", "attention_backend", "columnar_decodes", "kv_cache_dtype")
+    __slots__ = ("model_name", "num_pages", "page_size", "max_model_len", "max_slots", "vocab_size", "eos_token_ids", "tp_size", "device", "attention_backend", "columnar_decodes", "kv_cache_dtype", "epoch")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +94,7 @@ class GetWorkerInfoResponse(_message.Message):
     ATTENTION_BACKEND_FIELD_NUMBER: _ClassVar[int]
     COLUMNAR_DECODES_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     num_pages: int
     page_size: int
@@ -104,4 +107,5 @@ class GetWorkerInfoResponse(_message.Message):
     attention_backend: str
     columnar_decodes: bool
     kv_cache_dtype: str
-    def __init__(self, model_name: _Optional[str] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., max_slots: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tp_size: _Optional[int] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., columnar_decodes: bool = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, model_name: _Optional[str] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., max_slots: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tp_size: _Optional[int] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., columnar_decodes: bool = ..., kv_cache_dtype: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
