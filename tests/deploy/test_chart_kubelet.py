@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -89,21 +91,28 @@ def test_chart_pods_become_ready_and_serve(case: str, tmp_path: Path) -> None:
     subnet = f"10.{200 + list(CASES).index(case)}.{os.getpid() % 250}"
     plan = cluster.plan(render(values), "default", prefix, subnet)
     assert [p for p in plan.pods if not p.hook], "the chart renders no pods"
+    # The pods' volumes (Secrets, emptyDirs) live here: it must be traversable by the containers'
+    # non-root users, which pytest's own 0700 tmp_path is not.
+    work = Path(tempfile.mkdtemp(prefix=f"kubesim-{case}-"))
+    work.chmod(0o711)
     network = netns.Network(prefix, subnet)
     try:
         network.up()
         for pod in plan.pods:
             network.attach(pod.netns, pod.ip)
         network.write_hosts(plan.hosts())
-        (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
+        (work / "plan.json").write_text(json.dumps(plan.to_json()))
         run = subprocess.run(
             ["ip", "netns", "exec", network.node, PYTHON, "-m", "tests.deploy.kubesim.kubelet",
-             str(tmp_path / "plan.json"), str(tmp_path / "result.json"), str(deadline)],
+             str(work / "plan.json"), str(work / "result.json"), str(deadline)],
             cwd=ROOT, capture_output=True, text=True, timeout=deadline + 300)
+        result_text = (work / "result.json").read_text() if run.returncode == 0 else ""
     finally:
         network.down()
+        shutil.copytree(work, tmp_path / "kubesim", dirs_exist_ok=True)  # logs stay for a look
+        shutil.rmtree(work, ignore_errors=True)
     assert run.returncode == 0, run.stdout + run.stderr
-    result = json.loads((tmp_path / "result.json").read_text())
+    result = json.loads(result_text)
 
     assert result["all_ready"], (
         f"not every pod Ready after {deadline:.0f}s:\n{_explain(result)}")
