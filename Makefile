@@ -57,7 +57,7 @@ REGISTRY ?=
 # compose service building target worker-cpu is `worker`.
 images:
 	@scripts/deploy/setup.sh
-	MINISGL_VERSION=$(VERSION) docker compose --profile cpu --profile gpu build \
+	COMPOSE_BAKE=false MINISGL_VERSION=$(VERSION) docker compose --profile cpu --profile gpu build \
 	  $(subst worker-cpu,worker,$(IMAGE_TARGETS))
 	@docker images --filter reference='minisgl/*:$(VERSION)'
 

@@ -18,7 +18,11 @@ build_base() {
   log "building $BASE_IMAGE from Debian bookworm (mmdebstrap)"
   # The host's CA bundle goes in whole as one extra CA file: it holds whatever CA the host's own
   # apt and pip trust (e.g. a TLS-inspecting proxy's), which builds inside Docker then need too.
+  # Documentation, manual pages and translations stay out (copyright files stay in).
   mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates,passwd \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
     --customize-hook='cp /etc/ssl/certs/ca-certificates.crt "$1/usr/local/share/ca-certificates/host-ca-bundle.crt"' \
     --customize-hook='chroot "$1" update-ca-certificates >/dev/null 2>&1' \
     --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \

@@ -13,6 +13,7 @@ bash scripts/deploy/setup.sh
 phase setup
 
 export COMPOSE_PROJECT_NAME="${COMPOSE_PROJECT_NAME:-minisgl-e2e}"
+export COMPOSE_BAKE=false  # no buildx here: the engine's builder, without a warning
 read -r MINISGL_HTTP_PORT MINISGL_PROMETHEUS_PORT MINISGL_ENVOY_ADMIN_PORT < <("$PY" -c '
 import socket
 socks = [socket.socket() for _ in range(3)]
