@@ -51,6 +51,8 @@ VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' libs/minisgl_core/pyproje
 # Image targets of deploy/docker/Dockerfile; worker-cuda needs the CUDA base image (a registry):
 # `make images IMAGE_TARGETS="gateway tokenizer scheduler worker-cpu worker-cuda"`.
 IMAGE_TARGETS ?= gateway tokenizer scheduler worker-cpu
+# `make push` pushes REGISTRY/minisgl/<target>:VERSION, the layout of the Helm chart's
+# image.registry / image.repository (minisgl) / <target>.
 REGISTRY ?=
 
 # Built through Compose (the engine's BuildKit, one layer cache with `make test-deploy`); the
@@ -64,8 +66,8 @@ images:
 push:
 	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=registry.example.com/team"; exit 1; }
 	@for t in $(IMAGE_TARGETS); do \
-	  docker tag minisgl/$$t:$(VERSION) $(REGISTRY)/minisgl-$$t:$(VERSION) \
-	    && docker push $(REGISTRY)/minisgl-$$t:$(VERSION) || exit 1; \
+	  docker tag minisgl/$$t:$(VERSION) $(REGISTRY)/minisgl/$$t:$(VERSION) \
+	    && docker push $(REGISTRY)/minisgl/$$t:$(VERSION) || exit 1; \
 	done
 
 clean:
