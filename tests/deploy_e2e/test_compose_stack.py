@@ -111,6 +111,10 @@ def test_every_service_is_healthy_and_not_root(stack: Stack) -> None:
             assert "SERVING" in stack.compose(*probe), service
             uid = stack.compose("exec", "-T", "--index", str(index), service, "id", "-u")
             assert uid.strip() == "10001", service
+            # The image's own HEALTHCHECK (what `docker run` gets) passes in the container too.
+            image = stack.inspect(stack.inspect(container)["Image"])["Config"]["Healthcheck"]
+            assert image["Test"][0] == "CMD", image
+            stack.compose("exec", "-T", "--index", str(index), service, *image["Test"][1:])
     assert len(stack.containers("gateway")) == 2
     for service in ("envoy", "prometheus"):
         [container] = stack.containers(service)
