@@ -38,6 +38,7 @@ class Outcome:
     text: str = ""
     error: str | None = None
     done: bool = False
+    finish_reason: str | None = None
     first_token: threading.Event = field(default_factory=threading.Event)
 
 
@@ -64,6 +65,7 @@ def stream_chat(stack: Stack, max_tokens: int, ignore_eos: bool = False,
                 if "error" in event:
                     out.error = str(event["error"])
                     continue
+                out.finish_reason = event["choices"][0].get("finish_reason") or out.finish_reason
                 delta = event["choices"][0]["delta"].get("content") or ""
                 out.chunks += 1
                 out.text += delta
@@ -238,6 +240,33 @@ def test_prometheus_scrapes_every_target_and_the_dashboard_has_data(stack: Stack
         wait_until("data for every dashboard query", all_have_data, timeout=120, interval=2)
     except AssertionError as exc:
         raise AssertionError(f"no data for {pending}") from exc
+
+
+def test_stopping_the_gateways_lets_streams_in_flight_finish(stack: Stack) -> None:
+    """`docker compose stop` sends SIGTERM: each gateway drains its streams and exits on its own
+    well within stop_grace_period (no SIGKILL); `start` brings them back behind Envoy."""
+    outcomes = [Outcome() for _ in range(2)]
+    jobs = [threading.Thread(target=stream_chat, args=(stack, 400, True, o)) for o in outcomes]
+    for job in jobs:
+        job.start()
+    for outcome in outcomes:
+        assert outcome.first_token.wait(60), "a request never started streaming"
+    started = time.monotonic()
+    stack.compose("stop", "gateway", timeout=120)
+    took = time.monotonic() - started
+    for job in jobs:
+        job.join(timeout=60)
+    assert [(o.done, o.error, o.finish_reason) for o in outcomes] == [(True, None, "length")] * 2
+    assert took < 25, f"the gateways took {took:.0f}s to stop: killed at the grace period?"
+    for container in stack.containers("gateway"):
+        assert stack.inspect(container)["State"]["ExitCode"] == 0
+    stack.compose("start", "gateway", timeout=120)
+    wait_until("a request served after the gateways restarted",
+               lambda: (o := stream_chat(stack, max_tokens=8)).done and not o.error,
+               timeout=90, interval=2)
+    wait_until("both gateways healthy", lambda: all(
+        stack.inspect(c)["State"]["Health"]["Status"] == "healthy"
+        for c in stack.containers("gateway")), timeout=90, interval=2)
 
 
 def test_worker_crash_ends_inflight_requests_and_the_stack_recovers(stack: Stack) -> None:
