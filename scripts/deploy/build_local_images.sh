@@ -66,7 +66,7 @@ build_prometheus() {
   rm -rf "$ctx" && mkdir -p "$ctx/deb"
   # Only the binary is needed: download the package instead of installing it on the host.
   (cd "$ctx/deb" && { apt-get download -q prometheus >/dev/null 2>&1 \
-     || { apt-get update -qq && apt-get download -q prometheus >/dev/null; }; })
+     || { apt-get -o DPkg::Lock::Timeout=300 update -qq && apt-get download -q prometheus >/dev/null; }; })
   dpkg-deb -x "$ctx"/deb/prometheus_*.deb "$ctx/root"
   local got
   got="$("$ctx/root/usr/bin/prometheus" --version 2>&1 | sed -n 's/^prometheus, version \([0-9.]*\).*/\1/p')"

@@ -9,10 +9,12 @@ command -v mmdebstrap >/dev/null 2>&1 || apt_missing+=(mmdebstrap)
 if [ ${#apt_missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || { log "need root to apt-get install ${apt_missing[*]}"; exit 1; }
   log "apt-get install ${apt_missing[*]}"
-  apt-get update -qq
+  # Another apt run (e.g. scripts/ensure_test_tools.sh) may hold the lock: wait for it.
+  apt-get -o DPkg::Lock::Timeout=300 update -qq
   # docker.io's maintainer scripts try to start the service; with no init system that fails
   # harmlessly (start_dockerd.sh starts the daemon itself).
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+    --no-install-recommends \
     "${apt_missing[@]}" >/dev/null
 fi
 command -v docker >/dev/null 2>&1 || { log "no docker CLI after install"; exit 1; }
