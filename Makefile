@@ -10,12 +10,15 @@ PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 MODEL ?= models/tiny
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint protos protos-check clean help
+.PHONY: install run test test-deploy images push lint protos protos-check clean help
 
 help:
 	@echo "make run    - install into .venv and serve $(MODEL) (OpenAI HTTP :8000, gRPC :50051)"
 	@echo "make test   - install into .venv and run lint, proto checks and all tests"
 	@echo "make protos - regenerate the Python stubs from protos/"
+	@echo "make test-deploy - install Docker if needed, build the images, run the compose stack's test"
+	@echo "make images - build and tag every image as minisgl/<target>:$(VERSION)"
+	@echo "make push REGISTRY=host/ns - retag the images under REGISTRY and push them"
 
 install: $(STAMP)
 
@@ -39,6 +42,33 @@ protos: install
 test: install lint
 	@scripts/ensure_test_tools.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Containers (docs/deploy.md). Needs root on a fresh machine: installs and starts Docker.
+test-deploy: install
+	PY=$(PY) scripts/deploy/test_deploy.sh
+
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' libs/minisgl_core/pyproject.toml)
+# Image targets of deploy/docker/Dockerfile; worker-cuda needs the CUDA base image (a registry):
+# `make images IMAGE_TARGETS="gateway tokenizer scheduler worker-cpu worker-cuda"`.
+IMAGE_TARGETS ?= gateway tokenizer scheduler worker-cpu
+# `make push` pushes REGISTRY/minisgl/<target>:VERSION, the layout of the Helm chart's
+# image.registry / image.repository (minisgl) / <target>.
+REGISTRY ?=
+
+# Built through Compose (the engine's BuildKit, one layer cache with `make test-deploy`); the
+# compose service building target worker-cpu is `worker`.
+images:
+	@scripts/deploy/setup.sh
+	COMPOSE_BAKE=false MINISGL_VERSION=$(VERSION) docker compose --profile cpu --profile gpu build \
+	  $(subst worker-cpu,worker,$(IMAGE_TARGETS))
+	@docker images --filter reference='minisgl/*:$(VERSION)'
+
+push:
+	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=registry.example.com/team"; exit 1; }
+	@for t in $(IMAGE_TARGETS); do \
+	  docker tag minisgl/$$t:$(VERSION) $(REGISTRY)/minisgl/$$t:$(VERSION) \
+	    && docker push $(REGISTRY)/minisgl/$$t:$(VERSION) || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) .cache tools/buf/node_modules clients/node/node_modules

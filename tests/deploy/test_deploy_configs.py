@@ -320,7 +320,8 @@ def test_compose_services_use_real_flags() -> None:
         command = [a for a in services[name]["command"] if a not in ("tokenizer", "detokenizer")]
         assert_flags_exist(name, command)
     for mount in services["prometheus"]["volumes"] + services["envoy"]["volumes"]:
-        assert (ROOT / mount.split(":")[0]).exists(), mount
+        if mount.startswith("./"):  # a bind mount of the repository (others are named volumes)
+            assert (ROOT / mount.split(":")[0]).exists(), mount
 
 
 def _flag(command: list[str], name: str) -> str:
