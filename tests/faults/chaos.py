@@ -201,7 +201,9 @@ class Chaos:
         self._logs.append(log)
         self.stack.processes[name] = subprocess.Popen(
             list(old.args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            preexec_fn=_die_with_parent,
+            # the launcher's environment for it too: the internal token file (and TLS dir)
+            env={**os.environ, **self.stack._security_env(name), "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -37,7 +37,9 @@ class InFlight:
         for t in self._threads:
             t.start()
         sched = chaos.stack.target("scheduler")
-        wait_for(lambda: scheduler_load(sched).running_requests == STREAMS, 20, "all generating")
+        token = chaos.stack.token_file
+        wait_for(lambda: scheduler_load(sched, token).running_requests == STREAMS, 20,
+                 "all generating")
 
     def _one(self, chaos: Chaos, i: int) -> None:
         self.outcomes.append(complete(chaos.http_url, LOAD_PROMPTS[i % len(LOAD_PROMPTS)],
@@ -96,7 +98,8 @@ def test_worker_sigterm_finishes_its_step_then_fails_the_rest_clearly(chaos: Cha
     assert gone - signalled < DRAIN_EXIT_S
     assert all(not o.ok and "worker" in o.error for o in outcomes), outcomes
     assert max(o.ended for o in outcomes) - signalled < DRAIN_EXIT_S
-    wait_for(lambda: idle(chaos.stack.target("scheduler")), 10, "pages given back")
+    sched, token = chaos.stack.target("scheduler"), chaos.stack.token_file
+    wait_for(lambda: idle(sched, token), 10, "pages given back")
     chaos.start("worker")
     first = chaos.first_success(LOAD_PROMPTS[0], time.monotonic())
     assert first.ok and first.cached_tokens == 0  # a new process: its cache starts empty

@@ -87,8 +87,9 @@ def test_each_service_killed_and_restarted_under_load(chaos: Chaos) -> None:
     check_outcomes(outcomes, reference)
     for name, times in recovery.items():
         assert max(times) <= RECOVERY_BOUND_S, (name, times)
-    wait_for(lambda: idle(sched), 10, "no request holds KV pages")
-    load_after = scheduler_load(sched)
+    token = chaos.stack.token_file
+    wait_for(lambda: idle(sched, token), 10, "no request holds KV pages")
+    load_after = scheduler_load(sched, token)
     assert load_after.cached_pages <= load_after.total_pages
 
 

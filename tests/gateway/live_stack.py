@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-import grpc
 import httpx
 import pytest
 from minisgl.launcher import Stack
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2, scheduler_pb2_grpc
+from minisgl_core.security import InternalSecurity
 from minisgl_core.serving import wait_for_health
 
 _PR_SET_PDEATHSIG = 1
@@ -95,15 +95,17 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, what: str =
         time.sleep(0.02)
 
 
-def scheduler_load(target: str) -> scheduler_pb2.GetLoadResponse:
-    with grpc.insecure_channel(target) as channel:
+def scheduler_load(target: str, token_file: Path | None = None) -> scheduler_pb2.GetLoadResponse:
+    """The scheduler's load; `token_file`: the internal token of a stack that has one."""
+    security = InternalSecurity.load(str(token_file)) if token_file else InternalSecurity()
+    with security.sync_channel(target, []) as channel:
         return scheduler_pb2_grpc.SchedulerStub(channel).GetLoad(
             scheduler_pb2.GetLoadRequest(), timeout=10)
 
 
-def idle(target: str) -> bool:
+def idle(target: str, token_file: Path | None = None) -> bool:
     """No request running or waiting and no KV page held by one (prefix-cache pages aside)."""
-    load = scheduler_load(target)
+    load = scheduler_load(target, token_file)
     return (load.running_requests, load.waiting_requests, load.used_pages) == (0, 0, 0)
 
 
