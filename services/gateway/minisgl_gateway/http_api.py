@@ -26,7 +26,7 @@ from minisgl_gateway.errors import ApiError, invalid
 from minisgl_gateway.generation import Generation
 from minisgl_gateway.job import Job
 from minisgl_gateway.openai_format import DONE, Formatter, error_event, model_card
-from minisgl_gateway.openai_schema import parse_request
+from minisgl_gateway.openai_schema import context_body_limit, parse_request
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +40,26 @@ def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, soft_limit: int = 0,
+                    soft_error: ApiError | None = None) -> bytes:
+    """The body; 413 past `limit` bytes, `soft_error` past `soft_limit` (a smaller bound with its
+    own reason). Nothing past the smaller bound is kept."""
     length = request.headers.get("content-length")
     if length is not None and not length.strip().isdigit():
         raise invalid("invalid Content-Length header")
-    too_big = ApiError(413, f"the request body exceeds {limit} bytes", code="request_too_large")
+    keep = min(limit, soft_limit) if soft_limit else limit
     parts, size = [], 0
     async for part in request.stream():
         size += len(part)
-        if size > limit:
+        if size > keep:
             if size > _DRAIN_CAP:
-                raise too_big
+                break
             continue  # keep reading so the client is not cut off mid-upload
         parts.append(part)
     if size > limit:
-        raise too_big
+        raise ApiError(413, f"the request body exceeds {limit} bytes", code="request_too_large")
+    if size > keep and soft_error is not None:
+        raise soft_error
     return b"".join(parts)
 
 
@@ -250,9 +255,13 @@ def create_app(gateway: Gateway) -> FastAPI:
         gateway.check_key(request.headers.get("authorization"))
         # Admission first: under overload a 429 costs no body read and no parsing.
         gateway.check_capacity()
-        raw = await read_body(request, gateway.limits.max_body_bytes)
+        context = gateway.info.max_model_len
+        fits = context_body_limit(context)  # no request with a prompt that fits is larger
+        raw = await read_body(request, gateway.limits.max_body_bytes, fits, invalid(
+            f"the request body exceeds {fits} bytes: no request whose prompt fits the context "
+            f"window ({context} tokens) is that large", code="context_length_exceeded"))
         job, stream, include_usage = await parse_request(
-            endpoint, raw, gateway.info.max_model_len)  # type: ignore[arg-type]
+            endpoint, raw, context)  # type: ignore[arg-type]
         return GenerationResponse(gateway, job, stream, include_usage)
 
     @app.post("/v1/chat/completions", response_model=None)

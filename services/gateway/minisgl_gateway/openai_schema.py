@@ -321,6 +321,18 @@ def build_job(endpoint: Endpoint, payload: Any) -> tuple[Job, bool, bool, str | 
     return job, stream, include_usage, body.user
 
 
+MIN_CONTEXT_BODY_BYTES = 1024 * 1024
+
+
+def context_body_limit(max_model_len: int) -> int:
+    """The largest body a request whose prompt fits a context window of `max_model_len` tokens can
+    need: every token as text at its worst (BYTES_PER_CONTEXT_TOKEN), twice for JSON escapes and
+    structure, and 64 KiB for the other fields; never under 1 MiB. A larger body is refused
+    before it is parsed, whatever `--max-body-bytes` allows (parsing 8 MiB of token ids holds the
+    GIL for ~0.1-0.2 s, a pause every stream of the gateway would feel)."""
+    return max(MIN_CONTEXT_BODY_BYTES, 2 * BYTES_PER_CONTEXT_TOKEN * max_model_len + 64 * 1024)
+
+
 # Bodies up to this size are parsed on the event loop (a few hundred microseconds at most);
 # larger ones in a thread, where the Python-level checks yield the GIL to the loop every few ms.
 INLINE_PARSE_BYTES = 64 * 1024
@@ -340,4 +352,4 @@ async def parse_request(endpoint: Endpoint, raw: bytes, max_items: int = 0
     return await asyncio.to_thread(_parse_request, endpoint, raw, max_items)
 
 
-__all__ = ["ApiError", "build_job", "parse_json", "parse_request"]
+__all__ = ["ApiError", "build_job", "context_body_limit", "parse_json", "parse_request"]
