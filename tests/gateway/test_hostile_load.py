@@ -259,3 +259,17 @@ def test_overload_refusal_comes_before_the_body(slow_gateway: object) -> None:
     assert {s for s, _ in replies} == {429}, replies[:5]
     latencies = sorted(t for _, t in replies)
     assert latencies[len(latencies) // 2] < 0.5, latencies
+
+
+def test_body_past_what_the_context_can_need_is_refused_unparsed(gw_stack: object) -> None:
+    """A small valid request padded with 1.5 MiB of JSON whitespace: its prompt fits, but no
+    request that fits the tiny model's 2,048-token window needs that many bytes, so the gateway
+    refuses it by size, before parsing (it would otherwise be served)."""
+    raw = json.dumps({"prompt": "In the beginning", "max_tokens": 2}).encode()
+    padded = raw[:-1] + b" " * (3 * 1024 * 1024 // 2) + b"}"
+    status, body, _took = _post(gw_stack.http_url, padded)
+    assert status == 400, body
+    assert body["error"]["code"] == "context_length_exceeded", body
+    assert "exceeds" in body["error"]["message"] and "2048 tokens" in body["error"]["message"]
+    status, body, _took = _post(gw_stack.http_url, raw)
+    assert status == 200, body
