@@ -56,6 +56,24 @@ def test_compose_v2_accepts_the_file(profile: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def services_of(*profiles: str) -> set[str]:
+    """What `docker compose [--profile P ...] up` would start, `.env` applied as Compose does."""
+    flags = [arg for p in profiles for arg in ("--profile", p)]
+    result = subprocess.run([tool("docker-compose"), *flags, "config", "--services"],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
+
+
+def test_plain_compose_up_is_the_cpu_stack() -> None:
+    """A new user's `docker compose up` must start a worker (.env: COMPOSE_PROFILES=cpu), and
+    `--profile gpu` the CUDA one instead, never both."""
+    plain = services_of()
+    assert {"worker", "scheduler", "gateway", "envoy"} <= plain and "worker-cuda" not in plain
+    gpu = services_of("gpu")
+    assert "worker-cuda" in gpu and "worker" not in gpu
+
+
 def test_hadolint_passes_the_dockerfile() -> None:
     result = subprocess.run([tool("hadolint"), "--no-color", str(DOCKERFILE)],
                             capture_output=True, text=True, timeout=60)
