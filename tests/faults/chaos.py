@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,8 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from minisgl.launcher import Stack
 from minisgl_core.serving import wait_for_health
+
+from tests.gateway.live_stack import sse_events
 
 COMP = "/v1/completions"
 MAX_TOKENS = 8
@@ -95,14 +96,11 @@ def _streamed(base_url: str, prompt: str, sent: float, max_tokens: int) -> Outco
             reply.read()
             return Outcome(prompt, True, sent, time.monotonic(), False,
                            error=f"{reply.status_code} {reply.text[:200]}")
-        for line in reply.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            payload = line[len("data: "):]
-            if payload == "[DONE]":
+        for event in sse_events(reply):
+            if event == "[DONE]":
                 done = True
                 break
-            event = json.loads(payload)
+            assert isinstance(event, dict)
             if "error" in event:
                 error = f"stream error: {event['error'].get('message', '')}"
             for choice in event.get("choices", []):
