@@ -10,12 +10,13 @@ PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 MODEL ?= models/tiny
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-deploy images push lint protos protos-check clean help
+.PHONY: install run test test-gpu test-deploy images push lint protos protos-check clean help
 
 help:
 	@echo "make run    - install into .venv and serve $(MODEL) (OpenAI HTTP :8000, gRPC :50051)"
 	@echo "make test   - install into .venv and run lint, proto checks and all tests"
 	@echo "make protos - regenerate the Python stubs from protos/"
+	@echo "make test-gpu - the GPU checks of tests/gpu (on a CUDA machine; skipped without one)"
 	@echo "make test-deploy - install Docker if needed, build the images, run the compose stack's test"
 	@echo "make images - build and tag every image as minisgl/<target>:$(VERSION)"
 	@echo "make push REGISTRY=host/ns - retag the images under REGISTRY and push them"
@@ -42,6 +43,12 @@ protos: install
 test: install lint
 	@scripts/ensure_test_tools.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The kernel and engine checks that need a CUDA device (tests/gpu). On the GPU machine, where the
+# packages come from bench/gpu_env.sh rather than .venv: `make test-gpu PY=python3`.
+# TRITON_INTERPRET=0: Triton compiles for the GPU (the CPU tests run its interpreter).
+test-gpu:
+	TRITON_INTERPRET=0 $(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 # Containers (docs/deploy.md). Needs root on a fresh machine: installs and starts Docker.
 test-deploy: install

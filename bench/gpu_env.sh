@@ -6,7 +6,8 @@
 #   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
 #   --platform manylinux2014_x86_64 --platform any -d .whl/py "fastapi<0.116" uvicorn jinja2
 #   prometheus-client grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 einops tabulate
-#   httpx httptools   (then delete the grpcio and protobuf wheels: the image has its own)
+#   httpx httptools pytest pytest-timeout   (then delete the grpcio and protobuf wheels: the
+#   image has its own; pytest runs tests/gpu: make test-gpu PY=python3)
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [ -d "$here/.whl" ]; then
@@ -19,6 +20,8 @@ if [ -d "$here/.whl" ]; then
       >/tmp/gpu_env_pip.log 2>&1 || { echo "gpu_env: service wheels did not install:"; tail -3 /tmp/gpu_env_pip.log; }
     # Optional: uvicorn uses httptools when present (the gateway declares it), h11 otherwise.
     python3 -m pip install -q --no-index --find-links "$here/.whl/py" httptools >/dev/null 2>&1 || true
+    # For tests/gpu (make test-gpu PY=python3), where the image lacks pytest.
+    python3 -m pip install -q --no-index --find-links "$here/.whl/py" pytest pytest-timeout >/dev/null 2>&1 || true
   fi
 fi
 export PYTHONPATH="/tmp/site:$here/libs/minisgl_core:$here/libs/minisgl:$here/services/gateway:$here/services/tokenizer:$here/services/scheduler:$here/services/worker${PYTHONPATH:+:$PYTHONPATH}"

@@ -1,6 +1,6 @@
 """Single-request latency through the in-process `LLM`: TTFT for a 1k-token prompt, bs=1 decode tok/s.
 
-    python bench/latency.py --model models/configs/Qwen3-8B --load-format dummy
+    python -m bench.latency --model models/configs/Qwen3-8B --load-format dummy
 Roofline for bs=1 decode: all weights read once per token, at the measured HBM bandwidth.
 """
 
@@ -14,9 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from roofline import ModelShape, measure_hbm_bandwidth  # noqa: E402
+from bench.common.roofline import ModelShape, measure_hbm_bandwidth
 
 
 def main() -> int:

@@ -4,7 +4,7 @@
 with ignore_eos — 142,827 input and 133,966 output tokens. Prints output tok/s and the ratio to the
 roofline (weights + KV reads per decode step at the measured HBM bandwidth).
 
-    python bench/offline.py --model models/configs/Qwen3-0.6B --load-format dummy
+    python -m bench.offline --model models/configs/Qwen3-0.6B --load-format dummy
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from roofline import ModelShape, measure_hbm_bandwidth, roofline_seconds  # noqa: E402
+from bench.common.roofline import ModelShape, measure_hbm_bandwidth, roofline_seconds
 
 EXPECTED_TOKENS = (142_827, 133_966)
 

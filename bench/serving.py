@@ -1,13 +1,13 @@
 """Online load against the gateway (OpenAI HTTP or gRPC): throughput, TTFT, ITL, errors.
 
     # against a running stack
-    python bench/serving.py --url http://127.0.0.1:8000 --concurrency 256
+    python -m bench.serving --url http://127.0.0.1:8000 --concurrency 256
     # start the five-service stack itself, and first run the same workload in-process for the ratio
-    python bench/serving.py --launch --model models/configs/Qwen3-0.6B --load-format dummy \
+    python -m bench.serving --launch --model models/configs/Qwen3-0.6B --load-format dummy \
         --compare-in-process
     # the cost of internal mTLS: the same launch with --internal-auth none, token (the
     # launcher's default) or mtls (certificates from scripts/gen_internal_certs.py)
-    python bench/serving.py --launch --model ... --internal-auth mtls
+    python -m bench.serving --launch --model ... --internal-auth mtls
 
 Workloads: `random` (nano-vllm's: token-id prompts, ignore_eos) or `shared-prefix` (a common system
 prompt followed by a random suffix). Load: fixed concurrency, or a Poisson request rate.
@@ -28,8 +28,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 
 @dataclass
 class Result:
@@ -42,7 +40,7 @@ class Result:
 
 
 def build_workload(kind: str, n: int, seed: int = 0) -> list[tuple[list[int], int]]:
-    from offline import workload
+    from bench.offline import workload
 
     if kind == "random":
         prompts, outs = workload(n, seed=seed)
@@ -56,7 +54,7 @@ def build_workload(kind: str, n: int, seed: int = 0) -> list[tuple[list[int], in
 async def httpx_events(client, url: str, body: dict) -> AsyncIterator[dict]:
     """sse_client.stream_events through httpx (`--http-client httpx`: the `openai` client's
     transport, ~66 µs of client CPU a token)."""
-    from sse_client import HttpError
+    from bench.common.sse_client import HttpError
 
     async with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
         if reply.status_code != 200:
@@ -128,7 +126,7 @@ async def _drive(args, workload: list[tuple[list[int], int]], url: str, target: 
     if args.protocol == "http":
         import urllib.request
 
-        from sse_client import stream_events
+        from bench.common.sse_client import stream_events
 
         with urllib.request.urlopen(f"{url}/v1/models") as reply:
             model = json.load(reply)["data"][0]["id"]
@@ -239,7 +237,8 @@ async def run_load(args, workload: list[tuple[list[int], int]], url: str, target
 def in_process(args, workload) -> float:
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
-    from offline import warm_up
+
+    from bench.offline import warm_up
 
     llm = LLM(args.model, load_format=args.load_format)
     # offline.py's warm-up (32 prompts of the workload's shape): with a single short prompt the
@@ -262,7 +261,7 @@ async def warm_up_stack(args, url: str, target: str) -> None:
     256 streams first read ~5 % below the same stack after a sweep, tenth session)."""
     import copy
 
-    from offline import workload
+    from bench.offline import workload
 
     prompts, _ = workload(32, seed=1)
     warm_args = copy.copy(args)
@@ -305,7 +304,7 @@ def main() -> int:
     p.add_argument("--gateway-replicas", type=int, default=1, help="with --launch")
     p.add_argument("--grpc-channels", type=int, default=8, help="per client process")
     p.add_argument("--http-client", choices=["lean", "httpx"], default="lean",
-                   help="lean: bench/sse_client.py, a third of httpx's CPU a token; httpx: the "
+                   help="lean: bench/common/sse_client.py, a third of httpx's CPU a token; httpx: the "
                         "openai client's transport (one process saturated at ~15k tok/s)")
     p.add_argument("--client-procs", type=int, default=1,
                    help="load-generator processes sharing the requests and the concurrency")
@@ -317,7 +316,7 @@ def main() -> int:
                         "fresh certificates in a temp dir)")
     p.add_argument("--json", default=None)
     p.add_argument("--samples", default=None,
-                   help="append per-request TTFT and ITL samples (JSON lines) for bench/plot.py")
+                   help="append per-request TTFT and ITL samples (JSON lines) for bench/common/plot.py")
     args = p.parse_args()
     levels = [int(x) for x in str(args.concurrency).split(",")]
     workload = build_workload(args.workload, args.num_requests)

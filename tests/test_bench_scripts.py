@@ -1,4 +1,4 @@
-"""bench/offline.py and bench/latency.py run end to end on CPU (the GPU figures in
+"""bench.offline and bench.latency run end to end on CPU (the GPU figures in
 docs/benchmarks.md come from these same scripts): the nano-vllm workload's shape on a small model
 with dummy weights, greedy outputs equal with overlap scheduling on and off, every requested token
 produced, and the roofline fields filled."""
@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.common.model_dir import make
+from bench.offline import workload
 
-from bench_model_dir import make  # noqa: E402
-from offline import workload  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +28,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make(str(out), str(out))
 
 
-def _run(script: str, *args: str) -> list[dict]:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT,
+def _run(module: str, *args: str) -> list[dict]:
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def test_offline_workload_overlap_on_and_off(model_dir: Path) -> None:
-    records = _run("offline.py", "--model", str(model_dir), "--num-seqs", "4",
+    records = _run("bench.offline", "--model", str(model_dir), "--num-seqs", "4",
                    "--temperature", "0", "--compare-overlap", "--hbm-tbps", "1")
     prompts, outputs = workload(4)
     # offline.py itself asserts the two runs' greedy tokens are identical.
@@ -49,6 +48,6 @@ def test_offline_workload_overlap_on_and_off(model_dir: Path) -> None:
 
 
 def test_latency_script(model_dir: Path) -> None:
-    (record,) = _run("latency.py", "--model", str(model_dir), "--prompt-len", "64",
+    (record,) = _run("bench.latency", "--model", str(model_dir), "--prompt-len", "64",
                      "--decode-tokens", "16", "--repeats", "1")
     assert record["ttft_ms_1k"] > 0 and record["decode_tok_s_bs1"] > 0

@@ -1,20 +1,18 @@
-"""bench/roofline.py: the floors every benchmark percentage is measured against (docs/benchmarks.md).
+"""bench/common/roofline.py: the floors every benchmark percentage is measured against (docs/benchmarks.md).
 
 The expected figures are worked out from the shipped config.json files by hand: bytes of K/V per
 token, parameters of the projections and experts, and what `--quantization fp8` changes."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.common.roofline import ModelShape, roofline_seconds
+from bench.offline import EXPECTED_TOKENS, workload
 
-from offline import EXPECTED_TOKENS, workload  # noqa: E402
-from roofline import ModelShape, roofline_seconds  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = ROOT / "models" / "configs"
 BW, FLOPS = 3.0e12, 790e12

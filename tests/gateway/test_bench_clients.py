@@ -1,5 +1,5 @@
-"""bench/serving.py's HTTP clients against the running stack: the lean SSE client
-(bench/sse_client.py) must see exactly the events httpx sees, errors must come out as errors, and a
+"""bench.serving's HTTP clients against the running stack: the lean SSE client
+(bench/common/sse_client.py) must see exactly the events httpx sees, errors must come out as errors, and a
 small load through either client must count every token (the GPU rows in docs/benchmarks.md rest
 on these figures)."""
 
@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import sys
 import types
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import serving  # noqa: E402
-from sse_client import HttpError, stream_events  # noqa: E402
+from bench import serving
+from bench.common.sse_client import HttpError, stream_events
 
 pytestmark = pytest.mark.e2e
 

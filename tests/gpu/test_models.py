@@ -1,6 +1,8 @@
 """Every attention backend on real model shapes (dummy weights) against the torch backend, on the GPU.
 
-    python bench/gpu_check_models.py --model /tmp/q06 --backends torch,triton,flashinfer,fa3,fa3+flashinfer
+    make test-gpu                        # as a pytest test (Qwen3-0.6B, fp32 reference), or:
+    PYTHONPATH=tests:$PYTHONPATH python3 -m gpu.test_models --model /tmp/q06 \
+        --backends torch,triton,flashinfer,fa3,fa3+flashinfer
 
 Per backend (one engine each, the same dummy weights via the same seed):
 * prefill logits of 8 prompts (one of them chunked over a cached prefix) against the torch
@@ -25,12 +27,7 @@ import traceback
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-for sub in ("services/worker", "libs/minisgl_core", "tests"):
-    sys.path.insert(0, str(ROOT / sub))
-
-from worker.driver import run_requests  # noqa: E402
+from worker.driver import run_requests
 
 PAGE = 16
 DECODE = 32
@@ -109,7 +106,7 @@ def within_tolerance(rec: dict, floor: float | None) -> bool:
     return rec["logit_err_median"] < 0.06
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", required=True)
     ap.add_argument("--backends", default="torch,triton,flashinfer,fa3,fa3+flashinfer")
@@ -118,7 +115,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself")
     ap.add_argument("--fp32-reference", action="store_true",
                     help="compare against the torch backend in fp32 (needs 4 bytes a parameter)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     global DEVICE
     DEVICE = a.device
     results, failed = [], 0
@@ -154,6 +151,12 @@ def main() -> int:
                 f.write(json.dumps(rec) + "\n")
     print(f"{len(results) - failed}/{len(results)} cases ok")
     return 1 if failed else 0
+
+
+def test_backends_on_a_real_shape(qwen3_06b: Path) -> None:
+    """Every backend against torch fp32 on Qwen3-0.6B's shape: logits within the bf16 floor,
+    CUDA-graph decode equal to eager."""
+    assert main(["--model", str(qwen3_06b), "--fp32-reference"]) == 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ they compute: greedy outputs with PDL must equal those with MINISGL_DISABLE_PDL=
 token, at batch 1 (GEMV path) and in a batch (cuBLAS GEMMs between our kernels), from CUDA
 graphs and eager. A missing wait would read a buffer before it is written and show up here.
 
-    python bench/gpu_check_pdl.py --model DIR [--quantization fp8]
+    make test-gpu                        # as a pytest test (Qwen3-0.6B, bf16 and fp8), or:
+    PYTHONPATH=tests:$PYTHONPATH python3 -m gpu.test_pdl --model DIR [--quantization fp8]
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import json
 import os
 import random
 import sys
+from pathlib import Path
+
+import pytest
 
 
 def run(args: argparse.Namespace, pdl: bool, graphs: bool) -> list[list[int]]:
@@ -33,12 +37,12 @@ def run(args: argparse.Namespace, pdl: bool, graphs: bool) -> list[list[int]]:
     return outs
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--quantization", default="none", choices=["none", "fp8"])
     p.add_argument("--tokens", type=int, default=96)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     ok = True
     for graphs in (True, False):
         on, off = run(args, True, graphs), run(args, False, graphs)
@@ -50,6 +54,11 @@ def main() -> int:
                           "batch1_equal": equal[0], "batch8_equal": sum(equal[1:]),
                           "first_diff": first_diff, "ok": all(equal)}), flush=True)
     return 0 if ok else 1
+
+
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
+def test_pdl_changes_no_token(qwen3_06b: Path, quantization: str) -> None:
+    assert main(["--model", str(qwen3_06b), "--quantization", quantization]) == 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """GPU bench of the decode-step draw on bf16 logits: the old path against the one-pass kernel.
 
-    source bench/gpu_env.sh && python bench/gpu_bench_sampler.py [--iters 200] [--sweep]
+    source bench/gpu_env.sh && python -m bench.micro.sampler [--iters 200] [--sweep]
 
 Old path (as before the change): the LM head's `.float()` copy of the logits, the division by the
 temperature (and an argmax for greedy rows), then `_gumbel_argmax_kernel` over fp32. New path:
@@ -25,19 +25,13 @@ import math
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "services" / "worker"))
-sys.path.insert(0, str(ROOT / "libs" / "minisgl_core"))
-
-from minisgl_core.sampling import SamplingParams  # noqa: E402
-from minisgl_worker.sampler import Sampler  # noqa: E402
-from minisgl_worker.triton_kernels import sampling as kern  # noqa: E402
+from minisgl_core.sampling import SamplingParams
+from minisgl_worker.sampler import Sampler
+from minisgl_worker.triton_kernels import sampling as kern
 
 VOCAB = 151_936
 TEMPS = [0.6, 0.7, 0.1, 0.33, 1.3, 2.9]
@@ -245,7 +239,7 @@ def main() -> int:
     p.add_argument("--sweep", action="store_true")
     args = p.parse_args()
     if not torch.cuda.is_available():
-        print("gpu_bench_sampler: needs a CUDA device", file=sys.stderr)
+        print("bench.micro.sampler: needs a CUDA device", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     timer = Timer(not args.no_flush)

@@ -1,7 +1,7 @@
 """PNG plots for docs/benchmarks.md from bench/serving.py output (matplotlib; not a test dependency).
 
     pip install matplotlib
-    python bench/plot.py --results serving.jsonl --samples samples.jsonl --out docs/img
+    python -m bench.common.plot --results serving.jsonl --samples samples.jsonl --out docs/img
 
 Writes `serving_throughput.png` (output tok/s against concurrency per protocol, with the
 in-process rate of the same workload as a line) and `serving_latency_cdf.png` (TTFT and ITL
@@ -30,7 +30,7 @@ def main() -> int:
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("bench/plot.py needs matplotlib: pip install matplotlib") from None
+        raise SystemExit("bench/common/plot.py needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter

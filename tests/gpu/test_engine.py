@@ -1,9 +1,13 @@
-"""GPU check of the worker engine against HF transformers (not a pytest module: needs a GPU).
+"""GPU check of the worker engine against HF transformers.
 
-    # here (CPU, transformers): tiny checkpoints + HF reference logits and greedy tokens
-    python tests/worker/gpu_check_engine.py make .device/worker-fixtures
+    make test-gpu      # as a pytest test: fixtures made in a temporary folder (needs transformers)
+    # or in two steps, the fixtures made where transformers is (CPU is fine):
+    PYTHONPATH=tests python -m gpu.test_engine make .device/worker-fixtures
     # on the GPU machine (no transformers needed): every arch x backend x dtype
-    python tests/worker/gpu_check_engine.py check .device/worker-fixtures --json $OUT/engine.json
+    PYTHONPATH=tests:$PYTHONPATH python3 -m gpu.test_engine check .device/worker-fixtures \
+        --json $OUT/engine.json
+
+MINISGL_GPU_ENGINE_FIXTURES=DIR makes the pytest test use fixtures made that way.
 
 fp32 must match HF (logits within tolerance, greedy tokens identical); bf16 reports its logit
 error (max and median over tokens) and greedy agreement. CUDA graphs are on for backends that
@@ -15,19 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
 from pathlib import Path
 
+import pytest
 import torch
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-for sub in ("services/worker", "libs/minisgl_core", "tests"):
-    sys.path.insert(0, str(ROOT / sub))
-
-from worker.driver import run_requests  # noqa: E402
+from worker.driver import run_requests
 
 PAGE = 4
 NEW = 12
@@ -132,6 +132,18 @@ def main() -> None:
         make(a.dir)
         return
     sys.exit(check(a.dir, a.backends.split(","), a.json, a.device))
+
+
+def test_engine_matches_transformers(tmp_path: Path) -> None:
+    """fp32: logits within tolerance of HF and greedy tokens identical; bf16: logit error bound."""
+    given = os.environ.get("MINISGL_GPU_ENGINE_FIXTURES")
+    if given:
+        fixtures = Path(given)
+    else:
+        pytest.importorskip("transformers")
+        fixtures = tmp_path / "fixtures"
+        make(fixtures)
+    assert check(fixtures, ["torch", "triton", "flashinfer"], None) == 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where the host's time goes in the in-process loop, without the torch profiler's own overhead.
 
-    python bench/host_timeline.py --model /tmp/q06 --attention-backend flashinfer
+    python -m bench.profile.host_timeline --model /tmp/q06 --attention-backend flashinfer
 
 Runs the offline workload (bench/offline.py's) through `LLM` with wall-clock timers wrapped
 around the scheduler's and the engine's methods, and times how long `collect` waits for the GPU.
@@ -17,12 +17,9 @@ import json
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from offline import workload  # noqa: E402
+from bench.offline import workload
 
 TOTALS: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)

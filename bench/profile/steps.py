@@ -1,6 +1,6 @@
 """Where a decode step's time goes: torch profiler over a steady batch through the in-process `LLM`.
 
-    python bench/profile_steps.py --model /tmp/q06 --attention-backend flashinfer --batch 256
+    python -m bench.profile.steps --model /tmp/q06 --attention-backend flashinfer --batch 256
 
 Runs `--batch` requests (prompt `--prompt-len`, `--output-len` tokens each, ignore_eos) once to
 warm up and once under the profiler, then prints: wall time, GPU busy time (sum of kernel time)

@@ -29,3 +29,30 @@ def graph_replay_ms(body: Callable[[], object], repeats: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def graph_us(layer_fn: Callable[[int], object], iters: int, layers: int = 28) -> float:
+    """Median µs per layer call: a graph of `layers` calls (a Qwen3-0.6B's worth by default),
+    each replay timed with CUDA events."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        for i in range(layers):
+            layer_fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(layers):
+            layer_fn(i)
+    for _ in range(3):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends, strict=True):
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    ms = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+    del graph
+    return 1000 * ms / layers

@@ -1,7 +1,7 @@
 """GPU microbenchmark of a decoder layer's attention prologue: the fused q/k-norm + rotary + KV
 store kernel against the kernels it replaced.
 
-    source bench/gpu_env.sh && python bench/gpu_bench_fused_ops.py [--tokens 1 64 256 8192]
+    source bench/gpu_env.sh && python -m bench.micro.fused_ops [--tokens 1 64 256 8192]
 
 Per case (model heads x T x variant) it times, as a CUDA graph of 28 calls (one per layer, each
 layer with its own QKV output and KV cache, like a Qwen3 forward) replayed --iters times, the
@@ -31,19 +31,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
+from minisgl_worker.layers import fused_kernels, fused_ops
+from minisgl_worker.layers.rotary import RotaryEmbedding
+from minisgl_worker.triton_kernels.store_kv import store_kv
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "services" / "worker"))
-
-from minisgl_worker.layers import fused_kernels, fused_ops  # noqa: E402
-from minisgl_worker.layers.rotary import RotaryEmbedding  # noqa: E402
-from minisgl_worker.triton_kernels.store_kv import store_kv  # noqa: E402
+from bench.common.gpu_timing import graph_us
 
 MODELS = {"qwen3-0.6b": (16, 8), "qwen3-8b": (32, 8)}  # (q heads, kv heads), head_dim 128
 D, LAYERS, EPS, MAX_POS, THETA = 128, 28, 1e-6, 40960, 1e6
@@ -136,32 +132,6 @@ class Layers:
         return out
 
 
-def graph_us(layer_fn: Callable[[int], object], iters: int) -> float:
-    """Median µs per layer call: a graph of LAYERS calls, each replay timed with CUDA events."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile and warm up outside the capture
-        for i in range(LAYERS):
-            layer_fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(LAYERS):
-            layer_fn(i)
-    for _ in range(3):
-        graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends, strict=True):
-        s.record()
-        graph.replay()
-        e.record()
-    torch.cuda.synchronize()
-    ms = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
-    del graph
-    return 1000 * ms / LAYERS
-
-
 def compare(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> dict[str, object]:
     diffs = [(x.float() - y.float()).abs() for x, y in zip(a, b, strict=True)]
     close = all(torch.allclose(x.float(), y.float(), rtol=2 ** -6, atol=1e-3)
@@ -207,7 +177,7 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=50)
     args = p.parse_args()
     if not torch.cuda.is_available():
-        print("gpu_bench_fused_ops: needs a CUDA device", file=sys.stderr)
+        print("bench.micro.fused_ops: needs a CUDA device", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     print(f"# {torch.cuda.get_device_name()}, bf16, head_dim {D}, {LAYERS} layers per graph",
@@ -220,9 +190,9 @@ def main() -> int:
                 case = Layers(t, hq, hk, variant == "qwen3", args.page_size)
                 res = check(case)
                 ok &= bool(res["vs_unfused"]["close"]) and bool(res["graph_equals_eager"])
-                us = {name: graph_us(getattr(case, name), args.iters)
+                us = {name: graph_us(getattr(case, name), args.iters, LAYERS)
                       for name in ("old", "unfused", "fused")}
-                us.update({name: graph_us(fn, args.iters) for name, fn in case.parts().items()})
+                us.update({name: graph_us(fn, args.iters, LAYERS) for name, fn in case.parts().items()})
                 row = {"model": model, "variant": variant, "T": t, "hq": hq, "hk": hk,
                        "page_size": args.page_size, "us_per_layer": {k: round(v, 2) for k, v in
                                                                      us.items()},

@@ -1,6 +1,6 @@
 """Detokenizer throughput: 256 concurrent requests, one batched update per scheduler step.
 
-    python bench/detokenize.py [--model models/tiny] [--streams 256] [--steps 400]
+    python -m bench.micro.detokenize [--model models/tiny] [--streams 256] [--steps 400]
 
 Two measurements: the plain `Detokenizer` class in this process, and the same traffic through the
 gRPC `Detokenize` bidirectional stream of a real detokenizer process on loopback (one message per
@@ -25,11 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+# Read when a tokenizer first runs in parallel (not at import), here and in the child services.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = [
     "The scheduler batches every running request into one step, and the detokenizer turns each "
     "step's new tokens into text for all of them at once. ",

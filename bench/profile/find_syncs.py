@@ -1,6 +1,6 @@
 """Where does the serving loop make the host wait for the GPU? torch's sync debug mode, counted.
 
-    python bench/gpu_find_syncs.py --model DIR [--kv-cache-dtype fp8_e4m3] [--num-seqs 96]
+    python -m bench.profile.find_syncs --model DIR [--kv-cache-dtype fp8_e4m3] [--num-seqs 96]
 
 Runs the offline workload's first `--num-seqs` requests through the in-process `LLM` (after the
 same warm-up as bench/offline.py) with `torch.cuda.set_sync_debug_mode("warn")`, and prints each
@@ -20,9 +20,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from offline import warm_up, workload  # noqa: E402
+from bench.offline import warm_up, workload
 
 
 def main() -> int:

@@ -1,8 +1,10 @@
 """Tensor parallelism against one GPU on real model shapes, on a multi-GPU machine.
 
-    python bench/gpu_check_tp.py --model /tmp/q8ck --tp 2 --dtype float32 --attention-backend triton
+    make test-gpu                        # as a pytest test on >= 2 GPUs (fp32 and fp8), or:
+    PYTHONPATH=tests:$PYTHONPATH python3 -m gpu.test_tp --model /tmp/q8ck --tp 2 --dtype float32 \
+        --attention-backend triton
 
-For TP=1 and TP=N in turn, on the same weights (a checkpoint from make_dummy_checkpoint.py, since
+For TP=1 and TP=N in turn, on the same weights (a checkpoint from bench.common.dummy_checkpoint, since
 `--load-format dummy` draws each rank's shard separately): prefill logits of a few prompts and
 greedy generation of `--new-tokens` tokens through the `LLM` class. Reports the logits' relative
 error of TP=N against TP=1, how many sequences have identical greedy tokens, and where the others
@@ -24,12 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-for sub in ("services/worker", "libs/minisgl_core", "libs/minisgl", "services/scheduler",
-            "services/tokenizer"):
-    sys.path.insert(0, str(ROOT / sub))
+from bench.common.dummy_checkpoint import write_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 LOAD_FORMAT = "auto"
@@ -69,7 +71,7 @@ def run(model: str, tp: int, dtype: str, backend: str, ps: list[list[int]],
     return last, [r["token_ids"] for r in out], init_s
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--tp", type=int, default=2)
@@ -79,10 +81,10 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
     ap.add_argument("--load-format", default="auto",
-                    help="auto: a checkpoint (bench/make_dummy_checkpoint.py); dummy weights "
+                    help="auto: a checkpoint (python -m bench.common.dummy_checkpoint); dummy weights "
                          "differ between TP=1 and TP=N")
     ap.add_argument("--quantization", default="none", choices=["none", "fp8"])
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     global LOAD_FORMAT
     LOAD_FORMAT = a.load_format
     vocab = json.loads((Path(a.model) / "config.json").read_text())["vocab_size"]
@@ -126,6 +128,23 @@ def main() -> int:
         with open(a.json, "a") as f:
             f.write(json.dumps(record) + "\n")
     return 0 if record["ok"] else 1
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("tensor parallelism needs 2 GPUs")
+    out = tmp_path_factory.mktemp("q06-ckpt")
+    write_checkpoint(str(ROOT / "models" / "configs" / "Qwen3-0.6B"), str(out))
+    return out
+
+
+@pytest.mark.parametrize("args", [["--dtype", "float32", "--attention-backend", "triton"],
+                                  ["--quantization", "fp8"]], ids=["fp32", "fp8"])
+def test_tp2_equals_tp1(checkpoint: Path, args: list[str]) -> None:
+    """fp32: greedy tokens of TP=2 identical to TP=1; fp8: TP=2's error against unquantized
+    TP=1 within 1.5x of TP=1's."""
+    assert main(["--model", str(checkpoint), "--tp", "2", *args]) == 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The one-row product of a batch-1 decode step: our Triton GEMV (fused_ops.gemv) against cuBLAS
 (F.linear), on the weight shapes of Qwen3 models.
 
-    source bench/gpu_env.sh && python bench/gpu_bench_gemv.py [--models qwen3-8b,qwen3-0.6b] [--sweep]
+    source bench/gpu_env.sh && python -m bench.micro.gemv [--models qwen3-8b,qwen3-0.6b] [--sweep]
 
 Each case is timed as a CUDA graph that cycles through enough copies of the weight (>= 400 MB)
 that none of it stays in L2, as in a forward pass where every layer reads its own weights; the
@@ -21,17 +21,12 @@ import itertools
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from minisgl_worker.layers import fused_ops
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "services" / "worker"))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from gpu_timing import graph_replay_ms  # noqa: E402
-from minisgl_worker.layers import fused_ops  # noqa: E402
+from bench.common.gpu_timing import graph_replay_ms
 
 # name -> (hidden, intermediate, q heads, kv heads, head_dim, vocab)
 MODELS = {"qwen3-8b": (4096, 12288, 32, 8, 128, 151936),

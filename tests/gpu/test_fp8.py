@@ -1,7 +1,9 @@
 """--quantization fp8 on the GPU: the kernels against the reference formula, the projections'
 speed against bf16, and a model's logits and greedy tokens against its bf16 self.
 
-    python bench/gpu_check_fp8.py --model models/configs/Qwen3-8B [--model-check models/configs/Qwen3-0.6B]
+    make test-gpu                        # as a pytest test (8B shapes, 0.6B model), or with options:
+    PYTHONPATH=tests:$PYTHONPATH python3 -m gpu.test_fp8 --model models/configs/Qwen3-8B \
+        [--model-check models/configs/Qwen3-0.6B] [--sweep]
 
 1. For each dense projection of the model's shape and batches of 1 to 4,096 rows: fp8.linear
    (torch._scaled_mm with row-wise scales after our row-quantization kernel; the GEMV kernel
@@ -13,7 +15,7 @@ speed against bf16, and a model's logits and greedy tokens against its bf16 self
 2b. The norm with the quantization fused in (fused_ops.rmsnorm_quant_fp8, residual add
    included) against the two kernels it replaces: same scales, bytes equal but for rare
    one-step differences, µs of each.
-3. Whole model (dummy weights, gpu_check_models' prompts): prefill logits of the fp8 model
+3. Whole model (dummy weights, test_models' prompts): prefill logits of the fp8 model
    against the bf16 one, greedy agreement, and CUDA-graph decode equal to eager decode.
 Exit status 1 when a check fails.
 """
@@ -26,15 +28,12 @@ import sys
 from pathlib import Path
 
 import torch
+from minisgl_worker.layers import fp8, fused_ops
 
-ROOT = Path(__file__).resolve().parents[1]
-for sub in ("services/worker", "libs/minisgl_core", "tests", "bench"):
-    sys.path.insert(0, str(ROOT / sub))
+from bench.common.gpu_timing import graph_us
+from gpu import test_models as models_check
 
-import gpu_check_models  # noqa: E402
-from gpu_bench_fused_ops import graph_us  # noqa: E402
-from gpu_check_models import check_backend  # noqa: E402
-from minisgl_worker.layers import fp8, fused_ops  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 ROWS = (1, 7, 16, 100, 256, 1024, 4096)
 
@@ -113,7 +112,7 @@ def check_norm_quant(model: str) -> tuple[list[dict], bool]:
 
 
 def timed(fn) -> float:  # noqa: ANN001
-    """µs a call of fn(i), from CUDA graphs of such calls (gpu_bench_fused_ops.graph_us; eager
+    """µs a call of fn(i), from CUDA graphs of such calls (bench.common.gpu_timing.graph_us; eager
     timing would measure the Python launch of the Triton kernels, ~20-50 µs, not the GPU)."""
     return graph_us(fn, iters=5)
 
@@ -209,7 +208,7 @@ def sweep(model: str) -> None:
                           "no_promotion": no_promotion, "default": fp8_gemm.config_for(m)}))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="config dir whose projection shapes to use")
     ap.add_argument("--model-check", default=None,
@@ -218,8 +217,8 @@ def main() -> int:
     ap.add_argument("--skip-model", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="only sweep the Triton GEMM's configs")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself")
-    args = ap.parse_args()
-    gpu_check_models.DEVICE = args.device
+    args = ap.parse_args(argv)
+    models_check.DEVICE = args.device
     if args.sweep:
         sweep(args.model)
         return 0
@@ -237,13 +236,21 @@ def main() -> int:
             print(json.dumps({"bench": name, **bench_projection(n, k, m)}))
     if not args.skip_model:
         model = args.model_check or args.model
-        bf16, ref = check_backend(model, "auto", None, args.max_len)
+        bf16, ref = models_check.check_backend(model, "auto", None, args.max_len)
         print(json.dumps({"model": Path(model).name, "quantization": "none", **bf16}))
-        q, _ = check_backend(model, "auto", ref, args.max_len, quantization="fp8")
+        q, _ = models_check.check_backend(model, "auto", ref, args.max_len, quantization="fp8")
         print(json.dumps({"model": Path(model).name, "quantization": "fp8", **q}))
         ok &= bool(q["graph_equals_eager"])
     print(json.dumps({"ok": ok}))
     return 0 if ok else 1
+
+
+def test_fp8_kernels_and_model() -> None:
+    """fp8 products and the fused norm+quant against their references at Qwen3-8B's shapes;
+    Qwen3-0.6B fp8 with CUDA-graph decode equal to eager."""
+    configs = ROOT / "models" / "configs"
+    assert main(["--model", str(configs / "Qwen3-8B"),
+                 "--model-check", str(configs / "Qwen3-0.6B")]) == 0
 
 
 if __name__ == "__main__":

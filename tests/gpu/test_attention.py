@@ -1,8 +1,9 @@
 """GPU check of the attention backends (and the sampler's fused draw): accuracy, then speed.
 
+    make test-gpu                        # as a pytest test (bf16 and fp8 caches), or with options:
     source bench/gpu_env.sh
-    python bench/gpu_check_attention.py [--backends triton,flashinfer,fa3] [--page-sizes 16,1]
-        [--json attn.json] [--tol 0.02] [--kv-cache-dtype fp8_e4m3]
+    PYTHONPATH=tests:$PYTHONPATH python3 -m gpu.test_attention [--backends triton,flashinfer,fa3]
+        [--page-sizes 16,1] [--json attn.json] [--tol 0.02] [--kv-cache-dtype fp8_e4m3]
 
 Shapes are one TP rank of Llama-3-8B (32 query heads, 8 KV heads, head_dim 128), bf16, on a random
 paged pool (pages scattered, garbage in unused slots). Each case is one `ForwardBatch` of W1's
@@ -31,20 +32,16 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-for sub in ("services/worker", "libs/minisgl_core"):
-    sys.path.insert(0, str(ROOT / sub))
-
-from minisgl_worker.attention.base import (  # noqa: E402
+from minisgl_worker.attention.base import (
     AttentionBackend,
     AttentionConfig,
     ForwardBatch,
 )
-from minisgl_worker.attention.torch_backend import TorchBackend  # noqa: E402
-from minisgl_worker.config import KV_CACHE_DTYPES  # noqa: E402
-from minisgl_worker.kv_pool import KVPool  # noqa: E402
+from minisgl_worker.attention.torch_backend import TorchBackend
+from minisgl_worker.config import KV_CACHE_DTYPES
+from minisgl_worker.kv_pool import KVPool
 
 HQ, HKV, D = 32, 8, 128
 DEV = torch.device("cuda")
@@ -298,14 +295,14 @@ def check_fp8_store(kv_dtype: torch.dtype) -> dict:
     return rec
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backends", default="triton,flashinfer,fa3")
     p.add_argument("--page-sizes", default="16,1")
     p.add_argument("--tol", type=float, default=2e-2)
     p.add_argument("--json", default=None)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPES])
-    args = p.parse_args()
+    args = p.parse_args(argv)
     kv_dtype = KV_CACHE_DTYPES.get(args.kv_cache_dtype, torch.bfloat16)
     if not torch.cuda.is_available():
         print("needs a CUDA device")
@@ -353,6 +350,12 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print("FAILED" if failed else "all checks passed")
     return 1 if failed else 0
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_attention_backends(kv_cache_dtype: str) -> None:
+    """Every backend, both page sizes, against the fp32 torch reference; graphs equal eager."""
+    assert main(["--kv-cache-dtype", kv_cache_dtype]) == 0
 
 
 if __name__ == "__main__":

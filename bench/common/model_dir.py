@@ -4,7 +4,7 @@ Real tokenizers cannot be downloaded here, so benchmarks of the full stack use a
 with exactly `vocab_size` entries (`w0`, `w1`, ...): every token id decodes, so tokenizer and
 detokenizer do real work of the same shape. Weights come from `--load-format dummy`.
 
-    python bench/bench_model_dir.py models/configs/Qwen3-0.6B /tmp/qwen3-0.6b-bench
+    python -m bench.common.model_dir models/configs/Qwen3-0.6B /tmp/qwen3-0.6b-bench
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GPU busy and idle time per step of the offline workload, from CUDA events around each step.
 
-    source bench/gpu_env.sh && python bench/gpu_step_gaps.py --model /tmp/q06 [--kv-cache-dtype fp8_e4m3]
+    source bench/gpu_env.sh && python -m bench.profile.step_gaps --model /tmp/q06 [--kv-cache-dtype fp8_e4m3]
 
 Wraps `Engine.run_step` (what the scheduler's launch calls) with an event recorded before the
 step's work is queued and one after: on the GPU's clock, end - start is the step's span (its
@@ -16,12 +16,9 @@ import argparse
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from offline import warm_up, workload  # noqa: E402
+from bench.offline import warm_up, workload
 
 
 def bucket(num_reqs: int, num_decodes: int, prefill_tokens: int) -> str:

@@ -1,6 +1,8 @@
 """GPU check of the fused MoE kernels at Qwen3-30B-A3B shapes: accuracy, then speed.
 
-    source bench/gpu_env.sh && python bench/gpu_check_moe.py [--json moe.json] [--sweep]
+    make test-gpu                        # as a pytest test (bf16 and fp8 experts), or with options:
+    source bench/gpu_env.sh
+    PYTHONPATH=tests:$PYTHONPATH python3 -m gpu.test_moe [--json moe.json] [--sweep] [--fp8]
 
 For each batch size T: bf16 `fused_moe_triton` and bf16 `moe_reference` are compared with an fp32
 reference (relative Frobenius error); then both are timed with CUDA events, the median of many runs
@@ -26,13 +28,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "services" / "worker"))
-
-from minisgl_worker.fused_moe import (  # noqa: E402
+from minisgl_worker.fused_moe import (
     GemmTile,
     MoeConfig,
     choose_config,
@@ -41,7 +39,8 @@ from minisgl_worker.fused_moe import (  # noqa: E402
     quantize_experts,
     route,
 )
-from roofline import measure_hbm_bandwidth  # noqa: E402
+
+from bench.common.roofline import measure_hbm_bandwidth
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8  # Qwen3-30B-A3B: experts, hidden, moe_intermediate, k
 DECODE_MAX_T = 64  # up to here the op is memory-bound; above, compute-bound
@@ -118,7 +117,7 @@ def sweep_configs(t: int, fp8: bool = False) -> list[MoeConfig]:
         + [MoeConfig(bm, base.gate_up, d) for bm, d in itertools.product(block_ms, down)]))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 256, 1024, 4096])
     p.add_argument("--iters", type=int, default=100)
@@ -126,9 +125,9 @@ def main() -> int:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--fp8", action="store_true", help="also fp8 experts (see above)")
     p.add_argument("--json", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("gpu_check_moe: needs a CUDA device", file=sys.stderr)
+        print("test_moe: needs a CUDA device", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
     torch.manual_seed(0)
@@ -238,6 +237,12 @@ def sweep(t: int, call: Callable[..., torch.Tensor], timer: Timer, iters: int,
     for r in results[:3]:
         print(f"    {r['ms']:.4f} ms ({default_ms / r['ms']:.2f}x default)  {r['config']}")
     return results
+
+
+@pytest.mark.parametrize("extra", [[], ["--fp8"]], ids=["bf16", "fp8"])
+def test_fused_moe(extra: list[str]) -> None:
+    """Fused MoE within 1e-2 of fp32 (fp8: of the fp8 formula), graph replay equal to eager."""
+    assert main(["--tokens", "1", "16", "64", "256", "1024", "4096", "--iters", "30", *extra]) == 0
 
 
 if __name__ == "__main__":

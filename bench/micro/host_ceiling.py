@@ -1,6 +1,6 @@
 """The services' host-side ceiling: the real stack with a worker that computes nothing.
 
-    python bench/host_ceiling.py --model DIR [--step-ms 0] [--concurrency 256] [--protocol http]
+    python -m bench.micro.host_ceiling --model DIR [--step-ms 0] [--concurrency 256] [--protocol http]
 
 The worker process serves the real `WorkerService` over an engine that answers each step at once
 (or after `--step-ms`), sampling token (rid * 7 + step) % vocab. Everything else is the real
@@ -19,9 +19,6 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 
 def serve_null_worker(args: argparse.Namespace) -> None:
@@ -85,13 +82,14 @@ def main() -> int:
         return 0
 
     from minisgl.launcher import Stack, StackConfig, free_port
-    from serving import _make_certs, build_workload, run_load
+
+    from bench.serving import _make_certs, build_workload, run_load
 
     class NullWorkerStack(Stack):
         def _command(self, name: str) -> list[str]:
             if name != "worker":
                 return super()._command(name)
-            return [sys.executable, __file__, "--model", args.model, "--step-ms",
+            return [sys.executable, "-m", "bench.micro.host_ceiling", "--model", args.model, "--step-ms",
                     str(args.step_ms), "--serve-worker-port", str(self.ports["worker"])]
 
     stack = NullWorkerStack(StackConfig(

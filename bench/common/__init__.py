@@ -1,0 +1,1 @@
+"""Helpers shared by the benchmarks and tests: model dirs, roofline, clients, GPU timing, plots."""
