@@ -244,7 +244,7 @@ def in_process(args, workload) -> float:
     # offline.py's warm-up (32 prompts of the workload's shape): with a single short prompt the
     # kernel variants of long prefill chunks and shrinking batches were compiled inside the timed
     # run on a fresh machine, which read the in-process rate low (17.8k against 18.3-18.6k once
-    # compiled, tenth session) and flattered the stack's ratio.
+    # compiled on an H100) and flattered the stack's ratio (docs/benchmarks/log/2026-11-24-10.md).
     warm_up(llm, 0.6)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for _, n in workload]
     start = time.perf_counter()
@@ -258,7 +258,7 @@ async def warm_up_stack(args, url: str, target: str) -> None:
     """The in-process run's warm-up, through the stack: 32 other prompts of the workload's shape
     with 1-16 output tokens, not timed. Without it the first timed load paid for the worker's
     first long prefill chunks and the services' first connections and streams (a stack timed at
-    256 streams first read ~5 % below the same stack after a sweep, tenth session)."""
+    256 streams first read ~5 % below the same stack after a sweep; docs/benchmarks/log/2026-11-24-10.md)."""
     import copy
 
     from bench.offline import workload

@@ -13,7 +13,8 @@ def graph_replay_ms(body: Callable[[], object], repeats: int) -> float:
     (Triton compiles outside the capture), and the graph once more before the timed replays.
     The warm-up is on the current stream, as in the engine's capture (cuda_graph.py): warmed on a
     side stream instead, the captured cuBLAS products of a 0.6B decode layer ran 11 % slower
-    in the one run that tried it (38.4 against 34.6-34.8 µs a layer, H100, twelfth session)."""
+    in the one run that tried it (38.4 against 34.6-34.8 µs a layer, H100;
+    docs/benchmarks/log/2026-11-24-11.md)."""
     body()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -1,11 +1,11 @@
 """A lean streaming client for the load generator: one HTTP/1.1 POST on a plain asyncio
 connection, its chunked body read as server-sent events.
 
-Why not httpx (what the `openai` client uses, and what bench/serving.py used before): it spends
+Why not httpx (what the `openai` client uses, and what bench.serving used before): it spends
 ~66 µs of CPU per streamed token, so one load-generator process saturated its core at ~15k
-tokens/s and the HTTP rows measured the client (eleventh session). This reads a chunk with two
-awaits and parses one JSON object per event. It speaks only what the gateway sends: a status line,
-headers, then a chunked or Content-Length body; no TLS, proxies or redirects.
+tokens/s and the HTTP rows measured the client (docs/benchmarks/log/2026-11-24-11.md). This
+reads a chunk with two awaits and parses one JSON object per event. It speaks only what the
+gateway sends: a status line, headers, then a chunked or Content-Length body; no TLS, proxies or redirects.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ as_user python3 -c 'import os, torch, flashinfer; print("uid", os.getuid(), torc
   torch.version.cuda, flashinfer.__version__, torch.cuda.get_device_name())' | tee "$out/who.txt"
 
 # The offline benchmark and the stack need a tokenizer beside config.json (bench_model_dir.py).
-python3 bench/bench_model_dir.py models/configs/Qwen3-0.6B /tmp/q06 >/dev/null && chmod -R a+rX /tmp/q06
+python3 -m bench.common.model_dir models/configs/Qwen3-0.6B /tmp/q06 >/dev/null && chmod -R a+rX /tmp/q06
 gpu_free() {  # a stopped stack's worker drains last and holds GPU memory until it exits
   for _ in $(seq 120); do
     [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" -lt 2048 ] && return
@@ -77,7 +77,7 @@ gpu_free() {  # a stopped stack's worker drains last and holds GPU memory until 
 res=/home/minisgl/results; mkdir -p "$res"; chown 10001:10001 "$res"
 
 step "offline benchmark, Qwen3-0.6B dummy weights, flashinfer attention, 64 sequences"
-as_user python3 bench/offline.py --model /tmp/q06 --attention-backend flashinfer \
+as_user python3 -m bench.offline --model /tmp/q06 --attention-backend flashinfer \
   --num-seqs 64 --json "$res/offline.jsonl" > "$out/offline.log" 2>&1
 echo "rc=$?"; tail -3 "$out/offline.log"
 
@@ -99,7 +99,7 @@ done
 wait; gpu_free
 
 step "serving benchmark: the five-service stack, Qwen3-0.6B dummy, 128 requests at 64 streams"
-as_user python3 bench/serving.py --launch --model /tmp/q06 --load-format dummy \
+as_user python3 -m bench.serving --launch --model /tmp/q06 --load-format dummy \
   --worker-args "--attention-backend flashinfer" --num-requests 128 --concurrency 64 \
   --json "$res/serving.jsonl" > "$out/serving.log" 2>&1
 echo "rc=$?"; tail -3 "$out/serving.log"

@@ -3,7 +3,7 @@
 The arithmetic is checked here on CPU: the torch reference formula, the Triton kernels (row
 quantization with and without SiLU-and-mul folded in, the fp8-weight GEMV) under the interpreter
 against it, and whole tiny models against their unquantized selves. The GPU path
-(torch._scaled_mm) is checked against the same reference by bench/gpu_check_fp8.py."""
+(torch._scaled_mm) is checked against the same reference by tests/gpu/test_fp8.py."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_quant_kernel_equals_reference(monkeypatch: pytest.MonkeyPatch, rows: in
     """The Triton row quantization (a row in one block, or two passes over blocks when it is
     longer): the reference's scales and values bit for bit up to the final cast (kept fp32
     here: the interpreter's fp8 cast is not round-to-nearest; GPU bytes are checked by
-    bench/gpu_check_fp8.py)."""
+    tests/gpu/test_fp8.py)."""
     monkeypatch.setattr(fused_ops, "_QUANT_ONE_PASS_MAX", one_pass_max)
     x = _randn(rows, k) * 3
     x[0, 5] = 1e6  # a large outlier: the rest of its row lands in e4m3's subnormals
@@ -173,7 +173,7 @@ def test_model_logits_close_to_unquantized(tiny_model, arch: str, layers_quantiz
     """A whole tiny model: quantized projections and MoE experts (the router stays as it is),
     logits within ~13 % of the unquantized model's, greedy tokens mostly equal. This random tiny
     model (weights of std 0.15) has near-ties and amplifies errors layer to layer; the Qwen3
-    shapes on the GPU lose less (bench/gpu_check_fp8.py)."""
+    shapes on the GPU lose less (tests/gpu/test_fp8.py)."""
     from minisgl_worker.layers.moe import SparseMoeBlock
 
     path = str(tiny_model(arch))

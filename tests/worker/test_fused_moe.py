@@ -1,7 +1,7 @@
 """The Triton MoE kernels under the Triton interpreter (CPU), against the torch reference and HF.
 
 bf16 stays out: the interpreter keeps bf16 as raw uint16 bits and its tl.dot multiplies those
-(triton-lang/triton#11584, "not supported yet"); bench/gpu_check_moe.py checks bf16 on the GPU.
+(triton-lang/triton#11584, "not supported yet"); tests/gpu/test_moe.py checks bf16 on the GPU.
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ def test_fp8_cache_fused_equals_unfused_and_saturates(cache, dtype) -> None:
     written = case.loc >= 0
     got = kc.view(-1, 2, 64)[case.loc[written]].float()
     # Loosely: the interpreter's fp32 -> fp8 cast is not round-to-nearest (some values land one
-    # binade low); GPU stores are checked against torch's cast by bench/gpu_check_attention.py.
+    # binade low); GPU stores are checked against torch's cast by tests/gpu/test_attention.py.
     want = k_ref[written].float()
     assert ((got - want).norm() / want.norm()).item() < 0.25  # a wrong layout: ~1.4
 

@@ -101,7 +101,7 @@ def run_step(backends: list, pools: list[KVPool], reqs, seed: int, pad_to: int =
 def test_matches_torch_backend_over_prefill_extend_and_decode(kv_dtype):
     """Also over an fp8 KV cache, read upcast. The K/V stores are then the torch path's for both:
     the Triton interpreter does not round fp32 -> fp8 to nearest as torch and GPUs do (a GPU
-    store is checked by bench/gpu_check_attention.py --kv-cache-dtype fp8_e4m3)."""
+    store is checked by tests/gpu/test_attention.py --kv-cache-dtype fp8_e4m3)."""
     fp8 = kv_dtype.itemsize == 1
     pools = [make_pool(0, kv_dtype), make_pool(0, kv_dtype)]
     cfg = CFG.__class__(**{**CFG.__dict__, "kv_dtype": kv_dtype})
@@ -206,7 +206,7 @@ def test_engine_triton_with_graph_runner_matches_torch(tiny_model_path, referenc
 # -- FlashInferBackend's plumbing, with a stand-in for the GPU-only flashinfer package ----------
 # The fake implements the wrappers' documented contract (CSR page layout, last_page_len, causal
 # queries aligned to the end of the KV, use_cuda_graph wrappers reading their static buffers)
-# in plain torch. The real kernels are checked on a GPU by bench/gpu_check_attention.py.
+# in plain torch. The real kernels are checked on a GPU by tests/gpu/test_attention.py.
 
 
 class _FakeWrapper:

@@ -35,7 +35,7 @@ from minisgl_gateway.http_limits import limited_protocol
 log = logging.getLogger(__name__)
 # Idle keep-alive connections stay open this long (uvicorn's default is 5 s). A client that reuses
 # a pooled connection just as the server closes it gets a bare connection error; under load that
-# hit 1-2 of 256 streams in bench/host_ceiling.py with a 5 s timeout, none in 5 runs with 75 s.
+# hit 1-2 of 256 streams in bench/micro/host_ceiling.py with a 5 s timeout, none in 5 runs with 75 s.
 # 75 s is above the usual load-balancer idle timeout (60 s), so the balancer closes first.
 KEEP_ALIVE_S = 75
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name

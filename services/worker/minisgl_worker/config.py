@@ -34,7 +34,7 @@ class EngineConfig:
     quantization: str = "none"  # none | fp8: projections and experts as fp8 rows (layers/fp8.py)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # None: 64 on a GPU (the Triton decode kernel then reads a whole page per 64-token block:
-    # +5 % offline throughput with an fp8 cache, docs/benchmarks.md), 16 on CPU
+    # +5 % offline throughput with an fp8 cache, docs/benchmarks/log/2026-11-23-07.md), 16 on CPU
     page_size: int | None = None
     num_pages: int | None = None  # None: GPU from free memory * mem_fraction; CPU from below
     kv_cache_tokens: int = 16384  # CPU KV size when num_pages is None

@@ -17,7 +17,7 @@ states per token before step 2, the SiLU-and-mul products per pair before step 3
 run on fp8 tensor cores and scale their fp32 sums, the formula of the dense fp8 projections
 (layers/fp8.py). Upcasting fp8 weights to bf16 inside the kernel instead (weight-only) was
 measured and dropped: at decode batches it read the bytes at ~2.2 TB/s on an H200 against
-bf16's ~3.8, and prefill batches ran at 0.6x bf16 (bench/gpu_check_moe.py --fp8).
+bf16's ~3.8, and prefill batches ran at 0.6x bf16 (tests/gpu/test_moe.py --fp8).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def choose_config(num_tokens: int, fp8: bool = False) -> MoeConfig:
     With E experts and top-K, an expert sees about T*K/E rows: decode batches put 1-2 rows in a
     tile, so BLOCK_M is the tensor-core minimum and tiles are narrow to spread the weight reads
     over many SMs (memory-bound); prefill grows the tiles until the GEMMs are compute-bound. The
-    table follows the shape of public tuned tables for this model; `bench/gpu_check_moe.py --sweep`
+    table follows the shape of public tuned tables for this model; `tests/gpu/test_moe.py --sweep`
     re-tunes it. fp8 experts move half the bytes a tile, so some batches take other tiles
     (`--fp8 --sweep` on an H200).
     """

@@ -98,7 +98,7 @@ class HybridBackend(AttentionBackend):
 
 def auto_decode_name(base: str) -> str:
     """What 'auto' decodes with: `base`, except that where FlashInfer was the pick our Triton
-    split-K kernel decodes. Per layer on an H100 (bench/gpu_tune_decode.py-style timings, ~1k
+    split-K kernel decodes. Per layer on an H100 (one decode step's attention timed alone, ~1k
     contexts) it is within 1-3 % of FlashInfer's tensor-core decode at batch 64-256 with a bf16
     cache, 1.7x faster at batch 16, faster than its CUDA-core decode everywhere, and ~15 % faster
     over an fp8 cache (FlashInfer's fp8 decode is compute-bound); bs=1 Qwen3-8B 167.7 vs 163.7

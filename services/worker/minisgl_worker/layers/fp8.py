@@ -15,7 +15,7 @@ our Triton GEMM computes it for decode-sized batches (layers/fp8_gemm.py) and to
 with row-wise scales for larger ones (MINISGL_FP8_GEMM=scaled_mm: for all). A one-row step
 (batch-1 decode) keeps its activation in bf16 and reads the fp8 weights in our GEMV kernel
 (fused_ops.gemv). Elsewhere (CPU, fp32 models, older GPUs) the same formula runs in fp32 torch:
-the reference the GPU path is checked against (bench/gpu_check_fp8.py) and what CPU tests run;
+the reference the GPU path is checked against (tests/gpu/test_fp8.py) and what CPU tests run;
 a GPU without fp8 tensor cores or a non-bf16 model is refused at start-up (check_supported).
 
 MoE experts are fp8 too, with the same formula inside the grouped expert GEMMs (fused_moe.py).

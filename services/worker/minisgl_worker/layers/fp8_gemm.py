@@ -1,7 +1,7 @@
 """An fp8 GEMM with row-wise scales for decode-sized batches (Triton), used by layers/fp8.py.
 
 torch._scaled_mm's row-wise kernel reads the weights of a 16-64-row product at ~1.6-1.8 TB/s on
-an H100 (bench/gpu_check_fp8.py). Such a product is memory-bound, so this kernel tiles for
+an H100 (tests/gpu/test_fp8.py). Such a product is memory-bound, so this kernel tiles for
 bandwidth: narrow BLOCK_N slabs (many programs), long BLOCK_K steps and four pipeline stages, the
 weights streamed once for all BLOCK_M activation rows.
 
@@ -20,7 +20,7 @@ from ..triton_kernels import pdl
 from ..triton_kernels.pdl import begin as _pdl_begin
 
 # (max rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, ACC_MODE), from a sweep on an
-# H100 (bench/gpu_check_fp8.py --sweep, Qwen3-8B shapes; the four projections of a layer):
+# H100 (tests/gpu/test_fp8.py --sweep, Qwen3-8B shapes; the four projections of a layer):
 # 16 rows 84 µs against torch._scaled_mm's 118, 64 rows 88 against 108. At 128 rows the two
 # tie (105 / 106) and at 256 _scaled_mm wins (114 against 136), so larger batches go there.
 CONFIGS: list[tuple[int, int, int, int, int, int, int]] = [

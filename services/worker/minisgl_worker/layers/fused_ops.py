@@ -141,7 +141,7 @@ def qk_norm_rope_store_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     whoever reads k after (a backend's forward) sees what the cache holds.
     Same arithmetic as rmsnorm + rotary_ + store_kv on the same tensors: bit for bit under the
     Triton interpreter (tests), and on a GPU when the compiler lays out the norm tile alike in
-    both (fixed 4 warps, same tile per token; bench/gpu_bench_fused_ops.py checks it).
+    both (fixed 4 warps, same tile per token; bench/micro/fused_ops.py checks it).
     """
     t, hq, d = q.shape
     hk = k.shape[1]
@@ -178,7 +178,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# Launch shape of the one-row product, from a sweep on an H100 (bench/gpu_bench_gemv.py --sweep,
+# Launch shape of the one-row product, from a sweep on an H100 (bench/micro/gemv.py --sweep,
 # Qwen3-8B shapes): two rows of w per 4-warp program and 1,024 columns a loop step, more
 # pipeline stages for the long (down_proj) and the many-row (LM head, gate_up) products.
 _GEMV_BLOCK_N, _GEMV_BLOCK_K, _GEMV_WARPS = 2, 1024, 4

@@ -10,7 +10,7 @@ Two things keep an fp8 cache's loop near its (halved) byte count: the page ids o
 are loaded one iteration ahead, so the K/V loads never wait on the page-table load; and fp8 K/V
 are upcast to fp16 (one conversion instruction, exact for both fp8 formats) with q in fp16 too,
 instead of to bf16 (an H100, Qwen3-0.6B shape, B=256, ~1k contexts: 292 -> 256-260 us a layer;
-a bf16 cache stays at ~390 us, the copy bandwidth; docs/benchmarks.md, fifth session).
+a bf16 cache stays at ~390 us, the copy bandwidth; docs/benchmarks/log/2026-11-23-05.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from .pdl import begin as _pdl_begin
 
 _LOG2E = 1.4426950408889634
 # Stage-1 programs worth launching: a full batch (256 x 8 KV heads) still gains from 2 splits
-# on an H100 (bench/gpu_tune_decode.py, Qwen3-0.6B shapes, ~1k-token contexts).
+# on an H100 (Qwen3-0.6B shapes, ~1k-token contexts: 1/2/4/8 splits read 2.83/2.84/2.78/2.68 TB/s;
+# docs/benchmarks/log/2026-11-24-10.md).
 _TARGET_PROGRAMS = 4096
 _MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
