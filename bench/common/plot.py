@@ -1,4 +1,4 @@
-"""PNG plots for docs/benchmarks.md from bench/serving.py output (matplotlib; not a test dependency).
+"""PNG plots for docs/benchmarks.md from bench.serving output (matplotlib; not a test dependency).
 
     pip install matplotlib
     python -m bench.common.plot --results serving.jsonl --samples samples.jsonl --out docs/img
@@ -22,8 +22,8 @@ def read_lines(path: str) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", required=True, help="bench/serving.py --json output")
-    ap.add_argument("--samples", required=True, help="bench/serving.py --samples output")
+    ap.add_argument("--results", required=True, help="bench.serving --json output")
+    ap.add_argument("--samples", required=True, help="bench.serving --samples output")
     ap.add_argument("--out", default="docs/img")
     ap.add_argument("--title", default="")
     a = ap.parse_args()

@@ -4,7 +4,7 @@
 
 The worker process serves the real `WorkerService` over an engine that answers each step at once
 (or after `--step-ms`), sampling token (rid * 7 + step) % vocab. Everything else is the real
-gateway, tokenizer, scheduler and detokenizer, driven by bench/serving.py's load. The output
+gateway, tokenizer, scheduler and detokenizer, driven by bench.serving's load. The output
 tok/s is what the services can carry at most on this host: if it is not well above the GPU's
 in-process rate, the stack cannot reach it either. Run it under py-spy to see where time goes.
 """

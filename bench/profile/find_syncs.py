@@ -3,7 +3,7 @@
     python -m bench.profile.find_syncs --model DIR [--kv-cache-dtype fp8_e4m3] [--num-seqs 96]
 
 Runs the offline workload's first `--num-seqs` requests through the in-process `LLM` (after the
-same warm-up as bench/offline.py) with `torch.cuda.set_sync_debug_mode("warn")`, and prints each
+same warm-up as bench.offline) with `torch.cuda.set_sync_debug_mode("warn")`, and prints each
 synchronizing call site with its count and the stack above it. A site inside a step makes the host
 wait for the previous step, which overlap scheduling is there to hide (this found the sampler's
 scalar upload: 7 syncs in 96 requests, one per step that admitted requests). The mode is a

@@ -2,7 +2,7 @@
 
     python -m bench.profile.host_timeline --model /tmp/q06 --attention-backend flashinfer
 
-Runs the offline workload (bench/offline.py's) through `LLM` with wall-clock timers wrapped
+Runs the offline workload (bench.offline's) through `LLM` with wall-clock timers wrapped
 around the scheduler's and the engine's methods, and times how long `collect` waits for the GPU.
 With overlap scheduling the host is ahead of the GPU when `collect` waits: the GPU has the next
 step queued and never idles. Steps where the wait is ~0 are steps the GPU waited for the host.

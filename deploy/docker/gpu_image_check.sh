@@ -65,7 +65,7 @@ as_user() {
 as_user python3 -c 'import os, torch, flashinfer; print("uid", os.getuid(), torch.__version__,
   torch.version.cuda, flashinfer.__version__, torch.cuda.get_device_name())' | tee "$out/who.txt"
 
-# The offline benchmark and the stack need a tokenizer beside config.json (bench_model_dir.py).
+# The offline benchmark and the stack need a tokenizer beside config.json (bench.common.model_dir).
 python3 -m bench.common.model_dir models/configs/Qwen3-0.6B /tmp/q06 >/dev/null && chmod -R a+rX /tmp/q06
 gpu_free() {  # a stopped stack's worker drains last and holds GPU memory until it exits
   for _ in $(seq 120); do
