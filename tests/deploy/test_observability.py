@@ -56,6 +56,9 @@ def test_compose_prometheus_loads_the_rules() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     mounts = compose["services"]["prometheus"]["volumes"]
     assert "./deploy/prometheus/rules.yml:/etc/prometheus/rules.yml:ro" in mounts
+    for name in ("gateway", "tokenizer", "detokenizer", "scheduler", "worker"):
+        env = compose["services"][name]["environment"]
+        assert env["MINISGL_METRICS_COMPAT"] == "${MINISGL_METRICS_COMPAT:-off}", name
     grafana = compose["services"]["grafana"]["volumes"]
     assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in grafana
 
