@@ -4,6 +4,7 @@ a stream counted once when it ends, calls refused by the internal token counted 
 from __future__ import annotations
 
 import urllib.request
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -18,7 +19,7 @@ def _echo(request: bytes, context: grpc.ServicerContext) -> bytes:
     return request
 
 
-def _count(request: bytes, context: grpc.ServicerContext):  # noqa: ANN202 (a generator)
+def _count(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
     yield from (bytes([i]) for i in range(request[0]))
 
 

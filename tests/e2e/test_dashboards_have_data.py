@@ -145,7 +145,7 @@ def test_our_dashboards_queries_return_data(compat_stack: Stack, prometheus: int
     _wait_for_data(prometheus, exprs)
 
 
-def test_compat_names_are_off_by_default(stack) -> None:
+def test_compat_names_are_off_by_default(stack: Stack) -> None:
     """The shared stack runs without compat mode: no vllm: names, ours with model_name."""
     text = httpx.get(f"http://127.0.0.1:{stack.metrics_ports['scheduler']}/metrics",
                      timeout=10).text
