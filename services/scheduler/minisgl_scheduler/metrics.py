@@ -78,14 +78,15 @@ class SchedulerMetrics:
                                 _MODEL), "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
             "cached_pages": g("prefix_cache_pages", "KV pages held only by the prefix cache",
                               _MODEL),
-            "hit_rate": g("prefix_cache_hit_rate", "Prefix-cache hit tokens / query tokens",
-                          _MODEL),
+            # Older vLLM's gauge, still read by routers (production-stack) that predate the counters.
+            "hit_rate": alias(g("prefix_cache_hit_rate", "Prefix-cache hit tokens / query tokens",
+                                _MODEL), "vllm:gpu_prefix_cache_hit_rate"),
         }
         self._counters: dict[str, Counter] = {
             "hits": alias(c("prefix_cache_hits", "Tokens served from the prefix cache", _MODEL),
-                          "vllm:prefix_cache_hits"),
+                          "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
             "queries": alias(c("prefix_cache_queries", "Tokens looked up in the prefix cache",
-                               _MODEL), "vllm:prefix_cache_queries"),
+                               _MODEL), "vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
             "preemptions": alias(c("num_preemptions", "Requests preempted for lack of KV pages",
                                    _MODEL), "vllm:num_preemptions"),
             "prompt_tokens": c("scheduler_prompt_tokens", "Prompt tokens of accepted requests",
