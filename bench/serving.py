@@ -8,6 +8,8 @@
     # the cost of internal mTLS: the same launch with --internal-auth none, token (the
     # launcher's default) or mtls (certificates from scripts/gen_internal_certs.py)
     python -m bench.serving --launch --model ... --internal-auth mtls
+    # the cost of vLLM-compatible metric names, scraped every second like Prometheus would
+    python -m bench.serving --launch --model ... --scrape-interval 1 --metrics-compat vllm
 
 Workloads: `random` (nano-vllm's: token-id prompts, ignore_eos) or `shared-prefix` (a common system
 prompt followed by a random suffix). Load: fixed concurrency, or a Poisson request rate.
@@ -314,6 +316,10 @@ def main() -> int:
     p.add_argument("--internal-tls-dir", default="",
                    help="with --internal-auth mtls: gen_internal_certs.py's OUTDIR (default: "
                         "fresh certificates in a temp dir)")
+    p.add_argument("--metrics-compat", choices=["off", "vllm"], default="off",
+                   help="with --launch: the services' --metrics-compat (vLLM metric names)")
+    p.add_argument("--scrape-interval", type=float, default=0.0,
+                   help="with --launch: GET every /metrics this often during the load (0: never)")
     p.add_argument("--json", default=None)
     p.add_argument("--samples", default=None,
                    help="append per-request TTFT and ITL samples (JSON lines) for bench/common/plot.py")
@@ -343,14 +349,24 @@ def main() -> int:
                                   gateway_replicas=args.gateway_replicas,
                                   internal_token=args.internal_auth != "none",
                                   internal_tls_dir=tls_dir,
+                                  env={"MINISGL_METRICS_COMPAT": args.metrics_compat},
                                   startup_timeout=900)).start()
         args.url, args.grpc_target = stack.http_url, stack.grpc_target
+        record["metrics_compat"] = args.metrics_compat
     records = []
     try:
         asyncio.run(warm_up_stack(args, args.url, args.grpc_target))
         for level in levels:
             args.concurrency = level
+            scraper = None
+            if stack is not None and args.scrape_interval > 0:
+                from bench.common.metrics_scraper import Scraper, stack_metrics_urls
+
+                scraper = Scraper(stack_metrics_urls(stack.http_url, stack.metrics_ports),
+                                  args.scrape_interval).start()
             rec = {**record, **asyncio.run(run_load(args, workload, args.url, args.grpc_target))}
+            if scraper is not None:
+                rec.update(scraper.stop())
             samples = rec.pop("samples")
             if "in_process_tok_s" in rec:
                 rec["stack_over_in_process"] = round(rec["output_tok_s"]

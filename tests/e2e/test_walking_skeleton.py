@@ -80,7 +80,7 @@ def _metric_total(text: str, name: str) -> float:
     for line in text.splitlines():
         if line.startswith(name) and not line.startswith("#"):
             rest = line[len(name):]
-            if rest[:1] in (" ", "{"):
+            if rest[:1] in (" ", "{", ","):  # "," continues a label set `name` opened
                 total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -121,7 +121,7 @@ def test_stop_string_finishes_as_stop_in_the_scheduler(stack) -> None:
     stop = text[len(text) // 2:len(text) // 2 + 3]
     assert stop.strip(), text
     url = f"http://127.0.0.1:{stack.metrics_ports['scheduler']}/metrics"
-    name = 'minisgl_request_success_total{finished_reason="stop"}'
+    name = 'minisgl_request_success_total{finished_reason="stop"'  # then model_name
     before = _metric_total(httpx.get(url, timeout=10).text, name)
     reply = httpx.post(f"{stack.http_url}/v1/completions", json={**body, "stop": [stop]},
                        timeout=60).json()

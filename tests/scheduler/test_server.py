@@ -232,10 +232,19 @@ def test_service_process_help_metrics_and_sigterm(tmp_path: Path) -> None:
                      "minisgl_prefix_cache_hits_total", "minisgl_scheduler_time_to_first_token_seconds",
                      "minisgl_scheduler_inter_token_latency_seconds"):
             assert name in body, name
-        assert 'minisgl_request_success_total{finished_reason="length"} 1.0' in body
-        assert "minisgl_scheduler_time_to_first_token_seconds_count 1.0" in body
-        assert "minisgl_scheduler_prompt_tokens_total 3.0" in body
-        assert "minisgl_scheduler_generation_tokens_total 5.0" in body
+        model = '{model_name="fake"}'
+        assert ('minisgl_request_success_total{finished_reason="length",model_name='
+                '"fake"} 1.0') in body
+        assert f"minisgl_scheduler_time_to_first_token_seconds_count{model} 1.0" in body
+        assert f"minisgl_scheduler_prompt_tokens_total{model} 3.0" in body
+        assert f"minisgl_scheduler_generation_tokens_total{model} 5.0" in body
+        # The request phases and lengths of the one finished request (vLLM's histograms).
+        for name in ("request_queue_time_seconds", "request_prefill_time_seconds",
+                     "request_decode_time_seconds", "request_inference_time_seconds",
+                     "request_prompt_tokens", "request_generation_tokens"):
+            assert f"minisgl_{name}_count{model} 1.0" in body, name
+        assert f"minisgl_request_generation_tokens_sum{model} 5.0" in body
+        assert "minisgl_cache_config_info{block_size=" in body
         assert "minisgl_prefix_cache_hit_rate" in body and "minisgl_scheduler_e2e_request_latency" in body
         assert proc.wait(timeout=30) == 0
     finally:

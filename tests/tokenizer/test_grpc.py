@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -196,7 +197,11 @@ def test_real_processes_env_metrics_and_sigterm(llama_dir: Path) -> None:
         assert 'minisgl_tokenizer_items_total{kind="text"} 1.0' in page
         page = urllib.request.urlopen(f"http://127.0.0.1:{ports['detokenizer'][1]}/metrics",
                                       timeout=10).read().decode()
-        assert "minisgl_detokenizer_tokens_total 2.0" in page
+        assert re.search(r'^minisgl_detokenizer_tokens_total\{model_name="[^"]+"\} 2\.0$', page,
+                         re.MULTILINE), page
+        # Every service counts its gRPC calls by method and code (minisgl_core.grpc_metrics).
+        assert ('minisgl_grpc_server_handled_total{grpc_code="OK",grpc_method="Detokenize",'
+                'grpc_service="minisgl.v1.Detokenizer"} 1.0') in page
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)

@@ -10,6 +10,9 @@ import argparse
 import os
 from typing import Any
 
+from minisgl_core.metrics_compat import MODES as COMPAT_MODES
+from minisgl_core.metrics_compat import set_compat
+
 # Default loopback ports of the local stack (`minisgl serve`); each service's --port overrides.
 DEFAULT_PORTS = {
     "gateway_http": 8000,
@@ -51,6 +54,10 @@ class ServiceArgs:
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
             epilog=f"Every flag --x-y may also be set as MINISGL_{service.upper()}_X_Y.",
         )
+        self.parser.add_argument(
+            "--metrics-compat", default=os.environ.get("MINISGL_METRICS_COMPAT", "off"),
+            choices=list(COMPAT_MODES), help="also export metrics under another server's names "
+            "('vllm': vllm:* for vLLM's dashboards and routers; env MINISGL_METRICS_COMPAT)")
 
     def add(self, flag: str, default: Any, help: str, kind: type = str, **kw: Any) -> None:
         name = flag.lstrip("-")
@@ -86,4 +93,6 @@ class ServiceArgs:
             "(env MINISGL_INTERNAL_TLS_DIR; '': plaintext)")
 
     def parse(self, argv: list[str] | None = None) -> argparse.Namespace:
-        return self.parser.parse_args(argv)
+        ns = self.parser.parse_args(argv)
+        set_compat(ns.metrics_compat)  # process-wide, like the metrics registry it extends
+        return ns

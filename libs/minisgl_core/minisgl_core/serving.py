@@ -30,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from minisgl_core.gc_pause import freeze_startup_objects, thaw
+from minisgl_core.grpc_metrics import MetricsInterceptor
 from minisgl_core.metrics import start_metrics_server
 from minisgl_core.reconnect import RECONNECT_OPTIONS
 from minisgl_core.security import InternalSecurity, get_default
@@ -87,7 +88,9 @@ class ServiceHost:
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
             options=server_options(limit),
-            interceptors=self.security.server_interceptors(),
+            # Metrics outermost, so calls the token check refuses are counted too.
+            interceptors=[*([MetricsInterceptor()] if metrics_port else []),
+                          *self.security.server_interceptors()],
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

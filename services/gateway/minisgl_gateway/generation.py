@@ -61,6 +61,7 @@ class Generation:
         self.gateway = gateway
         self.job = job
         self.arrival = time.monotonic()
+        self._metrics = metrics.for_model(info.name)
         self._sink = EventSink()
         self._num_choices = job.num_choices
         self._want_logprobs = job.sampling.logprobs
@@ -85,6 +86,7 @@ class Generation:
         budgets = [resolve_max_tokens(job, len(ids), info.max_model_len, gw.limits)
                    for ids in prompts]
         self._prompt_lens = [len(ids) for ids in prompts]
+        self._metrics.params_n.observe(job.n)
         for p, (ids, budget) in enumerate(zip(prompts, budgets, strict=True)):
             for j in range(job.n):
                 sampling = common_pb2.SamplingParams()
@@ -139,11 +141,11 @@ class Generation:
         self._closed = True
         self.gateway.pipeline.cancel(self._seqs)
         usage = self.usage()
-        metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
-        metrics.GENERATION_TOKENS.inc(usage.completion_tokens)
+        self._metrics.prompt_tokens.inc(usage.prompt_tokens)
+        self._metrics.generation_tokens.inc(usage.completion_tokens)
         done = self._finished == self.num_choices and self.num_choices > 0
         if done:
-            metrics.E2E.observe(time.monotonic() - self.arrival)
+            self._metrics.e2e.observe(time.monotonic() - self.arrival)
         log.debug("request ended", extra=log_fields(
             kind=self.job.kind, choices=self.num_choices, complete=done,
             prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
@@ -191,10 +193,10 @@ class Generation:
         if num_tokens:
             if self._first_token_at is None:
                 self._first_token_at = now
-                metrics.TTFT.observe(now - self.arrival)
+                self._metrics.ttft.observe(now - self.arrival)
             last = self._last_token_at[index]
             if last is not None:
-                metrics.ITL.observe(now - last)
+                self._metrics.itl.observe(now - last)
             self._last_token_at[index] = now
 
     @staticmethod

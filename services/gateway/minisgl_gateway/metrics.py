@@ -1,23 +1,71 @@
 """The gateway's Prometheus metrics, served on the HTTP port at /metrics.
 
-Names match the shipped Grafana dashboard; the latency buckets are minisgl_core's (vLLM's)."""
+The gateway owns what the client sees: time to first token, inter-token latency, end-to-end
+latency and the token totals of each request, labelled by `model_name`, with vLLM aliases for
+`--metrics-compat vllm` (`minisgl_core.metrics_compat`). The latency buckets are vLLM's."""
 
 from __future__ import annotations
 
-from minisgl_core.metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, counter, gauge, histogram
+import threading
+from dataclasses import dataclass
+
+from minisgl_core.metrics import (
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    MODEL,
+    PARAMS_N_BUCKETS,
+    TTFT_BUCKETS,
+    alias,
+    counter,
+    gauge,
+    histogram,
+)
+from prometheus_client import Counter, Histogram
 
 HTTP_REQUESTS = counter("http_requests_total", "HTTP requests by endpoint and status",
                         ("endpoint", "status"))
 GRPC_REQUESTS = counter("grpc_requests_total", "public gRPC calls by method and status code",
                         ("method", "code"))
-TTFT = histogram("time_to_first_token_seconds", "arrival to first token, per request",
-                 TTFT_BUCKETS)
-ITL = histogram("inter_token_latency_seconds", "time between output chunks of a choice",
-                ITL_BUCKETS)
-E2E = histogram("e2e_request_latency_seconds", "arrival to last token, per request",
-                E2E_BUCKETS)
+TTFT = alias(histogram("time_to_first_token_seconds", "arrival to first token, per request",
+                       TTFT_BUCKETS, (MODEL,)), "vllm:time_to_first_token_seconds")
+ITL = alias(histogram("inter_token_latency_seconds", "time between output chunks of a choice",
+                      ITL_BUCKETS, (MODEL,)),
+            "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+E2E = alias(histogram("e2e_request_latency_seconds", "arrival to last token, per request",
+                      E2E_BUCKETS, (MODEL,)), "vllm:e2e_request_latency_seconds")
 RUNNING = gauge("gateway_running_requests", "generation requests in flight at the gateway")
-PROMPT_TOKENS = counter("prompt_tokens_total", "prompt tokens of finished requests")
-GENERATION_TOKENS = counter("generation_tokens_total", "tokens generated for finished requests")
+PROMPT_TOKENS = alias(counter("prompt_tokens_total", "prompt tokens of finished requests",
+                              (MODEL,)), "vllm:prompt_tokens")
+GENERATION_TOKENS = alias(counter("generation_tokens_total",
+                                  "tokens generated for finished requests", (MODEL,)),
+                          "vllm:generation_tokens")
+PARAMS_N = alias(histogram("request_params_n", "n (choices per prompt) of each request",
+                           PARAMS_N_BUCKETS, (MODEL,)), "vllm:request_params_n")
 UPSTREAM_STREAM_LOSSES = counter("gateway_upstream_stream_losses_total",
                               "scheduler/detokenizer streams lost (then reopened)", ("stream",))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetrics:
+    """The per-request series of one model, labelled once (a request observes them directly)."""
+
+    ttft: Histogram
+    itl: Histogram
+    e2e: Histogram
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    params_n: Histogram
+
+
+_by_model: dict[str, ModelMetrics] = {}
+_lock = threading.Lock()
+
+
+def for_model(name: str) -> ModelMetrics:
+    found = _by_model.get(name)
+    if found is None:
+        with _lock:
+            found = _by_model.setdefault(name, ModelMetrics(
+                TTFT.labels(name), ITL.labels(name), E2E.labels(name), PROMPT_TOKENS.labels(name),
+                GENERATION_TOKENS.labels(name), PARAMS_N.labels(name)))
+    return found

@@ -27,6 +27,7 @@ from minisgl_scheduler.convert import FINISH_TO_PROTO, error_to_proto
 from minisgl_scheduler.errors import ErrorCode, SchedulerError
 from minisgl_scheduler.metrics import SchedulerMetrics
 from minisgl_scheduler.request import FinishReason, TokenEvent
+from minisgl_scheduler.request_metrics import RequestClock
 from minisgl_scheduler.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, scheduler: Scheduler, metrics: SchedulerMetrics | None = None) -> None:
         self.sched = scheduler
         self.metrics = metrics
+        self.clock = RequestClock(metrics, scheduler) if metrics else None
+        if metrics:
+            metrics.bind(scheduler.info, scheduler.config)
         self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._owners: dict[int, _Owner] = {}  # scheduler rid -> who asked (loop thread only)
         self._conns: set[_Conn] = set()
@@ -151,8 +155,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 if self.sched.has_work():
                     t0 = time.monotonic()
                     events = self.sched.step()
-                    if self.metrics:
-                        self.metrics.step_time.observe(time.monotonic() - t0)
+                    if self.metrics and self.clock:
+                        t1 = time.monotonic()
+                        self.metrics.step_time.observe(t1 - t0)
+                        self.clock.after_step(t1)
                     for ev in events:
                         self._route(ev, out)
             except Exception:  # a bug: fail what is in flight rather than hang the clients
@@ -223,12 +229,14 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 rid=item.rid, finish_reason=common_pb2.FINISH_REASON_ERROR,
                 error=error_to_proto(exc), prompt_tokens=len(item.input_ids)))
             if self.metrics:
-                self.metrics.finished.labels("error").inc()
+                self.metrics.finished("error").inc()
             return
         conn.rids[item.rid] = rid
         self._owners[rid] = _Owner(conn, item.rid, time.monotonic())
-        if self.metrics:
+        if self.metrics and self.clock:
             self.metrics.prompt_tokens.inc(len(item.input_ids))
+            self.clock.submitted(rid, self._owners[rid].arrived, len(item.input_ids),
+                                 params.max_tokens)
 
     def _route(self, ev: TokenEvent, out: dict) -> None:
         owner = self._owners.get(ev.rid)
@@ -243,6 +251,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 for _ in ev.token_ids:
                     self.metrics.itl.observe(gap)
             self.metrics.generation_tokens.inc(len(ev.token_ids))
+            if self.clock:
+                self.clock.tokens(ev.rid, len(ev.token_ids), now)
         if ev.token_ids:
             owner.last_token = now
         # Only the fields this update has: the common one (a token, nothing else) is built
@@ -263,8 +273,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             del self._owners[ev.rid]
             owner.conn.rids.pop(owner.client_rid, None)
             if self.metrics:
-                self.metrics.finished.labels(ev.finish_reason.value).inc()
+                self.metrics.finished(ev.finish_reason.value).inc()
                 self.metrics.e2e.observe(now - owner.arrived)
+                if self.clock:
+                    self.clock.finished(ev.rid, now)
 
     def _abort_any(self, client_rids: set[int]) -> int:
         """Unary Abort: the rids of whichever connection holds them."""
@@ -279,6 +291,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         for rid in conn.rids.values():
             self.sched.abort(rid)
             self._owners.pop(rid, None)
+            if self.clock:
+                self.clock.forget(rid)
         if conn.rids:
             log.info("connection %d dropped; aborted %d requests", conn.id, len(conn.rids))
         conn.rids.clear()

@@ -92,7 +92,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             else:
                 out.token_ids.extend(result.token_ids)
                 tokens += len(result.token_ids)
-        metrics.PROMPT_TOKENS.inc(tokens)
+        metrics.PROMPT_TOKENS.labels(self.model.name).inc(tokens)
         metrics.TOKENIZE_SECONDS.observe(time.perf_counter() - started)
         return reply
 
@@ -156,7 +156,7 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
                     log.exception("Detokenize step failed")
                     context.abort(grpc.StatusCode.INTERNAL, f"detokenizer error: {exc}")
                 yield reply
-                metrics.DETOK_TOKENS.inc(detok.stats.tokens - tokens)
+                metrics.DETOK_TOKENS.labels(self.model.name).inc(detok.stats.tokens - tokens)
                 if detok.stats.stops != stops:
                     metrics.DETOK_STOPS.inc(detok.stats.stops - stops)
                 metrics.DETOK_REQUESTS.inc(detok.active - active)

@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 from minisgl_core.convert import info_to_proto, output_to_proto, plan_from_proto
-from minisgl_core.metrics import STEP_BUCKETS, counter, histogram
+from minisgl_core.metrics import MODEL, STEP_BUCKETS, counter, histogram
 from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from minisgl_core.sampling import InvalidParams
 from minisgl_core.step import StepExecutor
@@ -39,14 +39,16 @@ MAX_UNANSWERED = 2
 _METRICS: dict[str, Any] = {}
 
 
-def _metrics() -> dict[str, Any]:
+def _metrics(model: str) -> dict[str, Any]:
+    """The worker's series, labelled with its model (`model_name`, like the other tiers)."""
     if not _METRICS:  # prometheus metrics are process-wide; create them once
-        _METRICS["steps"] = counter("worker_steps_total", "steps run by the worker")
-        _METRICS["errors"] = counter("worker_step_errors_total", "steps answered with an error")
-        _METRICS["tokens"] = counter("worker_sampled_tokens_total", "tokens sampled")
+        _METRICS["steps"] = counter("worker_steps_total", "steps run by the worker", (MODEL,))
+        _METRICS["errors"] = counter("worker_step_errors_total", "steps answered with an error",
+                                     (MODEL,))
+        _METRICS["tokens"] = counter("worker_sampled_tokens_total", "tokens sampled", (MODEL,))
         _METRICS["seconds"] = histogram("worker_step_seconds", "launch to result, per step",
-                                        STEP_BUCKETS)
-    return _METRICS
+                                        STEP_BUCKETS, (MODEL,))
+    return {name: family.labels(model) for name, family in _METRICS.items()}
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -57,7 +59,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._idle = threading.Condition()
         self._orders: set[queue.Queue] = set()  # the answer queue of each open Step stream
         self._closing = False
-        self.metrics = _metrics()
+        self.metrics = _metrics(engine.info().model_name)
         self.epoch = secrets.randbits(64) or 1  # 0 means "unknown" on the wire
 
     def GetWorkerInfo(self, request: worker_pb2.GetWorkerInfoRequest,

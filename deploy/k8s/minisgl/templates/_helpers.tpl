@@ -69,10 +69,14 @@ priorityClassName: {{ . }}
 securityContext: {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
 {{- end -}}
 
-{{/* Environment of every container: log level, internal token / mTLS, a writable HOME. */}}
+{{/* Environment of every container: log level, metrics compatibility names, internal token /
+    mTLS, a writable HOME. */}}
 {{- define "minisgl.env" -}}
 - {name: MINISGL_LOG_LEVEL, value: {{ .Values.logLevel | quote }}}
 - {name: HOME, value: /tmp}
+{{- if ne .Values.metrics.compat "off" }}
+- {name: MINISGL_METRICS_COMPAT, value: {{ .Values.metrics.compat | quote }}}
+{{- end }}
 {{- if .Values.security.internalToken.enabled }}
 - {name: MINISGL_INTERNAL_TOKEN_FILE, value: /etc/minisgl/internal-token/token}
 {{- end }}
