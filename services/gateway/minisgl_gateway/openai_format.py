@@ -8,6 +8,7 @@ import time
 from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) does to a str
 from typing import Any
 
+from minisgl_gateway.agent_parsers import ChoiceParser, Delta, ToolCall
 from minisgl_gateway.errors import ApiError
 from minisgl_gateway.generation import ChoiceChunk, TokenLogprob, Usage
 
@@ -25,10 +26,13 @@ def sse(payload: Any) -> bytes:
 DONE = sse("[DONE]")
 
 
-def usage_body(usage: Usage) -> dict[str, Any]:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+def usage_body(usage: Usage, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    body = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens,
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
 
 
 def error_event(error: ApiError) -> bytes:
@@ -38,12 +42,19 @@ def error_event(error: ApiError) -> bytes:
 class Formatter:
     """One per response: fixed id, creation time and model name."""
 
-    def __init__(self, kind: str, model: str) -> None:
+    def __init__(self, kind: str, model: str, tool_parser: str = "", reasoning_parser: str = "",
+                 echo: list[str] | None = None) -> None:
+        """Chat answers go through the tool-call / reasoning parsers named (agent_parsers);
+        `echo`: completions, the text each choice starts with."""
         self.kind = kind
         self.model = model
+        self._syntax = (tool_parser, reasoning_parser) if kind == "chat" else ("", "")
+        self._parsers: dict[int, ChoiceParser] = {}
+        self._echo = echo
         self.id = new_id(kind)
         self.created = int(time.time())
         self._offsets: dict[int, int] = {}  # completions text_offset per choice (streaming)
+        self._offsets_echoed: set[int] = set()
         self._templates: dict[bool, tuple[str, str, str]] = {}  # include_usage -> text chunk
 
     def _head(self, obj: str) -> dict[str, Any]:
@@ -83,20 +94,64 @@ class Formatter:
 
     # -- whole answers -----------------------------------------------------------------------
 
+    @property
+    def parsing(self) -> bool:
+        return any(self._syntax)
+
+    def _parse(self, c: ChoiceChunk) -> Delta:
+        parser = self._parsers.get(c.index)
+        if parser is None:
+            parser = self._parsers[c.index] = ChoiceParser(*self._syntax)
+        return parser.feed(c.text, len(c.token_ids), final=c.finish_reason is not None)
+
+    def _finish(self, c: ChoiceChunk) -> str | None:
+        parser = self._parsers.get(c.index)
+        if c.finish_reason == "stop" and parser is not None and parser.made_calls:
+            return "tool_calls"
+        return c.finish_reason
+
+    def reasoning_tokens(self) -> int | None:
+        if not self._syntax[1]:
+            return None
+        return sum(p.reasoning_tokens for p in self._parsers.values())
+
+    def _echoed(self, c: ChoiceChunk) -> None:
+        """Completions echo: the prompt's text before the choice's first text."""
+        if self._echo is not None and c.index not in self._offsets_echoed:
+            self._offsets_echoed.add(c.index)
+            c.text = self._echo[c.index] + c.text
+
+    @staticmethod
+    def _call_json(k: int, call: ToolCall) -> dict[str, Any]:
+        return {"id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}}
+
     def response(self, choices: list[ChoiceChunk], usage: Usage, logprobs: bool) -> dict[str, Any]:
         out = []
         for c in choices:
             item: dict[str, Any] = {"index": c.index}
-            if self.kind == "chat":
+            if self.kind == "chat" and self.parsing:
+                d = self._parse(c)
+                message: dict[str, Any] = {"role": "assistant",
+                                           "content": d.content if d.content or not d.calls
+                                           else None}
+                if self._syntax[1]:
+                    message["reasoning_content"] = d.reasoning or None
+                if d.calls:
+                    message["tool_calls"] = [self._call_json(k, t) for k, t in enumerate(d.calls)]
+                item["message"] = message
+            elif self.kind == "chat":
                 item["message"] = {"role": "assistant", "content": c.text}
             else:
+                self._echoed(c)
                 item["text"] = c.text
             item["logprobs"] = self._logprobs(c, logprobs)
-            item["finish_reason"] = c.finish_reason
+            item["finish_reason"] = self._finish(c)
             item["stop_reason"] = c.matched_stop or None
             out.append(item)
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
-        return {**self._head(obj), "choices": out, "usage": usage_body(usage)}
+        return {**self._head(obj), "choices": out,
+                "usage": usage_body(usage, self.reasoning_tokens())}
 
     # -- streams -----------------------------------------------------------------------------
 
@@ -117,6 +172,10 @@ class Formatter:
                       include_usage: bool) -> list[bytes]:
         out = []
         for c in chunks:
+            if self.kind == "chat" and self.parsing:
+                out += self._parsed_chunks(c, logprobs, include_usage)
+                continue
+            self._echoed(c)
             if not c.text and not c.finish_reason and not c.logprobs:
                 continue  # nothing visible yet (e.g. half a UTF-8 character)
             if not c.finish_reason and not logprobs:  # a plain text delta: most chunks
@@ -136,6 +195,34 @@ class Formatter:
             out.append(self._chunk([item], include_usage))
         return out
 
+    def _parsed_chunks(self, c: ChoiceChunk, logprobs: bool, include_usage: bool) -> list[bytes]:
+        """Chat deltas through the parsers: reasoning, content, then each completed tool call
+        as a name delta and an arguments delta."""
+        d = self._parse(c)
+        parser = self._parsers[c.index]
+        deltas: list[dict[str, Any]] = []
+        if d.reasoning:
+            deltas.append({"reasoning_content": d.reasoning})
+        if d.content:
+            deltas.append({"content": d.content})
+        first = parser.tools.calls - len(d.calls) if parser.tools is not None else 0
+        for k, call in enumerate(d.calls, start=first):
+            deltas.append({"tool_calls": [{"index": k, "id": call.id, "type": "function",
+                                           "function": {"name": call.name, "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": k,
+                                           "function": {"arguments": call.arguments}}]})
+        lp = self._logprobs(c, logprobs)
+        out = []
+        for i, delta in enumerate(deltas):
+            item = {"index": c.index, "delta": delta, "logprobs": lp if i == 0 else None,
+                    "finish_reason": None}
+            out.append(self._chunk([item], include_usage))
+        if c.finish_reason:
+            item = {"index": c.index, "delta": {}, "logprobs": None if deltas else lp,
+                    "finish_reason": self._finish(c), "stop_reason": c.matched_stop or None}
+            out.append(self._chunk([item], include_usage))
+        return out
+
     def _template(self, include_usage: bool) -> tuple[str, str, str]:
         """The SSE event of a text delta without logprobs or finish reason, as the text around
         the choice index and the JSON string of the text: the same bytes `_chunk` writes for it,
@@ -151,7 +238,8 @@ class Formatter:
 
     def usage_chunk(self, usage: Usage) -> bytes:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return sse({**self._head(obj), "choices": [], "usage": usage_body(usage)})
+        return sse({**self._head(obj), "choices": [],
+                    "usage": usage_body(usage, self.reasoning_tokens())})
 
 
 def model_card(name: str, max_model_len: int, created: int) -> dict[str, Any]:

@@ -1,0 +1,214 @@
+"""Reasoning and tool-call parsers: the detokenized text of one choice, split into
+`reasoning_content`, `content` and `tool_calls`, incrementally (a stream) or whole.
+
+They live in the gateway: the OpenAI protocol is the gateway's, and they work on the text the
+detokenizer already produced (stop strings applied), one parser state per choice.
+
+Streams hold back text that may be the start of a marker (`<thi` could become `<think>`) until the
+next delta decides; a tool call is emitted once its closing marker (or the end) arrives: first a
+delta with id and name, then its arguments as one fragment. Text that does not parse as a call
+stays content.
+
+Tool-call syntaxes:  hermes  <tool_call>{"name": .., "arguments": {..}}</tool_call> (Qwen2.5/3)
+                     llama3  {"name": .., "parameters": {..}} as the whole answer (Llama 3.x JSON;
+                             an optional <|python_tag|> first)
+                     mistral [TOOL_CALLS][{"name": .., "arguments": {..}}, ..]
+Reasoning syntax:    qwen3   <think>..</think> (also when <think> was in the prompt and only
+                             </think> is generated: deepseek_r1)
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+TOOL_PARSERS = ("hermes", "llama3", "mistral")
+REASONING_PARSERS = ("qwen3", "deepseek_r1")
+
+
+def default_parsers(model_name: str) -> tuple[str, str]:
+    """(tool parser, reasoning parser) for a model name; "" = none."""
+    name = model_name.lower()
+    if "llama" in name:
+        return "llama3", ""
+    if "mistral" in name or "mixtral" in name:
+        return "mistral", ""
+    return "hermes", "qwen3"
+
+
+@dataclass(slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text
+    id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
+
+
+def _hold(text: str, marker: str) -> int:
+    """How many trailing characters of `text` could begin `marker`."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-k:]):
+            return k
+    return 0
+
+
+class ReasoningSplitter:
+    """Feeds text, returns (reasoning, content) deltas."""
+
+    def __init__(self, start_in_reasoning: bool = False) -> None:
+        self.state = "reason" if start_in_reasoning else "start"  # start | reason | content
+        self._buf = ""
+
+    @property
+    def reasoning(self) -> bool:
+        return self.state == "reason"
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        buf = self._buf + text
+        self._buf = ""
+        reasoning, content = "", ""
+        if self.state == "start":
+            stripped = buf.lstrip()
+            if stripped.startswith("<think>"):
+                buf = stripped[len("<think>"):]
+                self.state = "reason"
+            elif not final and "<think>".startswith(stripped):
+                self._buf = buf  # too early to tell
+                return "", ""
+            else:
+                self.state = "content"
+        if self.state == "reason":
+            end = buf.find("</think>")
+            if end >= 0:
+                reasoning = buf[:end]
+                buf = buf[end + len("</think>"):].lstrip("\n")
+                self.state = "content"
+            else:
+                keep = 0 if final else _hold(buf, "</think>")
+                reasoning, self._buf = buf[:len(buf) - keep], buf[len(buf) - keep:]
+                return reasoning, ""
+        content = buf
+        return reasoning, content
+
+
+def _parse_call(obj: Any, args_key: str) -> ToolCall | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
+    return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args))
+
+
+class ToolCallSplitter:
+    """Feeds content text, returns (content delta, completed calls)."""
+
+    def __init__(self, syntax: str) -> None:
+        self.syntax = syntax
+        self._buf = ""
+        self._in_call = False
+        self._mode = "start"  # llama3: start | call (the answer opened with "{") | text
+        self.calls = 0
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        if self.syntax == "llama3":
+            return self._feed_llama(text, final)
+        start, end = ("<tool_call>", "</tool_call>") if self.syntax == "hermes" \
+            else ("[TOOL_CALLS]", None)
+        buf = self._buf + text
+        self._buf = ""
+        content, calls = "", []
+        while buf:
+            if not self._in_call:
+                i = buf.find(start)
+                if i < 0:
+                    keep = 0 if final else _hold(buf, start)
+                    content += buf[:len(buf) - keep]
+                    self._buf = buf[len(buf) - keep:]
+                    break
+                content += buf[:i]
+                buf = buf[i + len(start):]
+                self._in_call = True
+            j = buf.find(end) if end else -1
+            if j < 0:
+                if final:
+                    calls += self._body(buf, start) if buf.strip() else []
+                    if not buf.strip():
+                        content += start
+                else:
+                    self._buf = buf
+                buf = ""
+                break
+            calls += self._body(buf[:j], start)
+            buf = buf[j + len(end or ""):]
+            self._in_call = False
+        if calls and content.strip() == "":
+            content = ""
+        self.calls += len(calls)
+        return content, calls
+
+    def _body(self, body: str, start: str) -> list[ToolCall]:
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return []
+        items = obj if isinstance(obj, list) else [obj]
+        parsed = [_parse_call(o, "arguments") for o in items]
+        return [c for c in parsed if c is not None]
+
+    def _feed_llama(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
+        self._buf += text
+        if self._mode == "text":
+            out, self._buf = self._buf, ""
+            return out, []
+        head = self._buf.strip()
+        body = head.removeprefix("<|python_tag|>").lstrip()
+        if self._mode == "start":
+            undecided = not body or "<|python_tag|>".startswith(head)
+            if undecided and not final:
+                return "", []
+            self._mode = "call" if body.startswith("{") else "text"
+            if self._mode == "text":
+                out, self._buf = self._buf, ""
+                return out, []
+        if not final:
+            return "", []
+        try:
+            call = _parse_call(json.loads(body), "parameters")
+        except ValueError:
+            call = None
+        out, self._buf = ("", "") if call else (self._buf, "")
+        self.calls += int(call is not None)
+        return out, [call] if call else []
+
+
+@dataclass
+class Delta:
+    reasoning: str = ""
+    content: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+class ChoiceParser:
+    """Both parsers for one choice; `tool_syntax` / `reasoning_syntax` "" turn one off."""
+
+    def __init__(self, tool_syntax: str, reasoning_syntax: str) -> None:
+        self.reason = ReasoningSplitter(reasoning_syntax == "deepseek_r1") \
+            if reasoning_syntax else None
+        self.tools = ToolCallSplitter(tool_syntax) if tool_syntax else None
+        self.reasoning_tokens = 0
+
+    def feed(self, text: str, num_tokens: int = 0, final: bool = False) -> Delta:
+        reasoning, content = "", text
+        if self.reason is not None:
+            was = self.reason.reasoning or self.reason.state == "start"
+            reasoning, content = self.reason.feed(text, final)
+            if was and (reasoning or self.reason.reasoning):
+                self.reasoning_tokens += num_tokens
+        calls: list[ToolCall] = []
+        if self.tools is not None and (content or final):
+            content, calls = self.tools.feed(content, final)
+        return Delta(reasoning, content, calls)
+
+    @property
+    def made_calls(self) -> bool:
+        return self.tools is not None and self.tools.calls > 0
