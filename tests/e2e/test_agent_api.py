@@ -53,7 +53,7 @@ def test_json_schema_valid_in_100_of_100_seeded_samples(stack: Any) -> None:
 def test_tool_choice_required_streamed_and_whole_agree(stack: Any) -> None:
     client = _client(stack)
     args: dict[str, Any] = dict(model="tiny", messages=USER, tools=[WEATHER],
-                                tool_choice="required", seed=7, temperature=1.0, max_tokens=60,
+                                tool_choice="required", seed=7, temperature=1.0, max_tokens=150,
                                 parallel_tool_calls=False)
     whole = client.chat.completions.create(**args)
     choice = whole.choices[0]
@@ -91,7 +91,7 @@ def test_named_tool_choice_and_tool_result_messages(stack: Any) -> None:
                      "function": {"name": "get_weather", "arguments": '{"city":"Ur"}'}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "hot"}]
     reply = client.chat.completions.create(
-        model="tiny", messages=messages, tools=[WEATHER], max_tokens=60, seed=3,
+        model="tiny", messages=messages, tools=[WEATHER], max_tokens=150, seed=3,
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     calls = reply.choices[0].message.tool_calls or []
     assert [c.function.name for c in calls] == ["get_weather"]
@@ -170,3 +170,42 @@ def test_invalid_grammar_is_a_400_naming_the_problem(stack: Any, body: dict[str,
                        json={"messages": USER, "max_tokens": 4, **body})
     assert reply.status_code == 400, reply.text
     assert needle in reply.json()["error"]["message"]
+
+
+def test_public_grpc_api_grammar_tools_reasoning_echo(stack: Any) -> None:
+    import grpc
+    from minisgl_core.proto.minisgl.v1 import common_pb2, generation_pb2, generation_pb2_grpc
+
+    with grpc.insecure_channel(stack.grpc_target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        sampling = common_pb2.SamplingParams(
+            max_tokens=80, seed=5, grammar=common_pb2.Grammar(json_schema=json.dumps(PERSON)),
+            logit_bias={300: -100.0})
+        reply = stub.Generate(generation_pb2.GenerateRequest(
+            text="And God said", sampling=sampling, echo=True, user="u1"), timeout=60)
+        text = reply.choices[0].text
+        assert text.startswith("And God said")
+        jsonschema.validate(json.loads(text[len("And God said"):]), PERSON)
+        assert 300 not in reply.choices[0].token_ids
+
+        chat = generation_pb2.ChatRequest(
+            messages=[common_pb2.ChatMessage(role="user", content="Speak")],
+            sampling=common_pb2.SamplingParams(max_tokens=150, seed=2),
+            tools_json=json.dumps([WEATHER]), tool_choice="get_weather")
+        calls = [tc for m in stub.ChatStream(chat, timeout=60) for c in m.choices
+                 for tc in c.tool_calls]
+        assert [c.name for c in calls] == ["get_weather"] and calls[0].id
+        jsonschema.validate(json.loads(calls[0].arguments), WEATHER["function"]["parameters"])
+
+        think = generation_pb2.ChatRequest(
+            messages=[common_pb2.ChatMessage(role="user", content="Speak")],
+            sampling=common_pb2.SamplingParams(max_tokens=40, seed=2, grammar=common_pb2.Grammar(
+                regex="<think>[a-z]{2,6}</think>ok")))
+        whole = stub.Chat(think, timeout=60).choices[0]
+        assert whole.text == "ok" and 2 <= len(whole.reasoning_content) <= 6
+
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Generate(generation_pb2.GenerateRequest(text="a", sampling=common_pb2.SamplingParams(
+                grammar=common_pb2.Grammar(regex="a(+"))), timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "regex" in (err.value.details() or "")

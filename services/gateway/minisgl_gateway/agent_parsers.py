@@ -59,6 +59,7 @@ class ReasoningSplitter:
     def __init__(self, start_in_reasoning: bool = False) -> None:
         self.state = "reason" if start_in_reasoning else "start"  # start | reason | content
         self._buf = ""
+        self._strip = False
 
     @property
     def reasoning(self) -> bool:
@@ -82,14 +83,17 @@ class ReasoningSplitter:
             end = buf.find("</think>")
             if end >= 0:
                 reasoning = buf[:end]
-                buf = buf[end + len("</think>"):].lstrip("\n")
+                buf = buf[end + len("</think>"):]
                 self.state = "content"
+                self._strip = True
             else:
                 keep = 0 if final else _hold(buf, "</think>")
                 reasoning, self._buf = buf[:len(buf) - keep], buf[len(buf) - keep:]
                 return reasoning, ""
-        content = buf
-        return reasoning, content
+        if self._strip:  # the blank lines after </think> belong to neither part
+            buf = buf.lstrip("\n")
+            self._strip = not buf
+        return reasoning, buf
 
 
 def _parse_call(obj: Any, args_key: str) -> ToolCall | None:
@@ -106,6 +110,8 @@ class ToolCallSplitter:
         self.syntax = syntax
         self._buf = ""
         self._in_call = False
+        self._seen_call = False
+        self._ws = ""  # blank text after a call, held
         self._mode = "start"  # llama3: start | call (the answer opened with "{") | text
         self.calls = 0
 
@@ -122,29 +128,43 @@ class ToolCallSplitter:
                 i = buf.find(start)
                 if i < 0:
                     keep = 0 if final else _hold(buf, start)
-                    content += buf[:len(buf) - keep]
+                    content += self._emit(buf[:len(buf) - keep], False, final)
                     self._buf = buf[len(buf) - keep:]
                     break
-                content += buf[:i]
+                content += self._emit(buf[:i], True, final)
                 buf = buf[i + len(start):]
                 self._in_call = True
             j = buf.find(end) if end else -1
             if j < 0:
-                if final:
-                    calls += self._body(buf, start) if buf.strip() else []
-                    if not buf.strip():
-                        content += start
+                if final:  # unclosed: a call if it parses, else the text stays content
+                    parsed = self._body(buf, start)
+                    calls += parsed
+                    self._seen_call |= bool(parsed)
+                    if not parsed:
+                        content += self._emit(start + buf, False, final)
                 else:
                     self._buf = buf
                 buf = ""
                 break
-            calls += self._body(buf[:j], start)
+            parsed = self._body(buf[:j], start)
+            calls += parsed
+            self._seen_call |= bool(parsed)
             buf = buf[j + len(end or ""):]
             self._in_call = False
-        if calls and content.strip() == "":
-            content = ""
         self.calls += len(calls)
         return content, calls
+
+    def _emit(self, seg: str, before_call: bool, final: bool) -> str:
+        """Content text; once a call was made, blank text between or after calls is dropped
+        (held while it is not yet known whether text follows)."""
+        if not self._seen_call:
+            return seg
+        text = self._ws + seg
+        if text.strip():
+            self._ws = ""
+            return text
+        self._ws = "" if before_call or final else text
+        return ""
 
     def _body(self, body: str, start: str) -> list[ToolCall]:
         try:
