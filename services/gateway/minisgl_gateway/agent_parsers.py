@@ -68,7 +68,7 @@ class ReasoningSplitter:
     def feed(self, text: str, final: bool = False) -> tuple[str, str]:
         buf = self._buf + text
         self._buf = ""
-        reasoning, content = "", ""
+        reasoning = ""
         if self.state == "start":
             stripped = buf.lstrip()
             if stripped.startswith("<think>"):
