@@ -109,6 +109,7 @@ class Engine(StepExecutor):
         self.sampler = Sampler(config.max_slots, mc.vocab_size, self.device,
                                eos_token_ids=mc.eos_token_ids, seed=seed,
                                tokenizer_path=find_tokenizer(config.model_path))
+        self.sampler.grammars.compiler.warm()
         self.builder = PlanBuilder(config.max_slots, self.max_pages_per_seq, self.num_pages,
                                    config.page_size, self.max_model_len, mc.vocab_size,
                                    self.device, dummy_page=self.pool.dummy_page)

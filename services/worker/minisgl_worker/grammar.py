@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,18 +75,27 @@ class GrammarCompiler:
         self._tokenizer: object | None = None
         self._executor: object | None = None
         self._cache: OrderedDict[GrammarSpec, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def warm(self) -> None:
+        """Build the llguidance tokenizer in a background thread (seconds for a 150k vocabulary
+        on a busy host), so the first grammar request does not stall a step for it."""
+        if self.tokenizer_path is not None:
+            threading.Thread(target=self._tok, name="grammar-tokenizer", daemon=True).start()
 
     def _tok(self) -> object:
-        if self._tokenizer is None:
-            import llguidance
+        with self._lock:
+            if self._tokenizer is None:
+                import llguidance
 
-            if self.tokenizer_path is None:
-                raise GrammarError("this model has no tokenizer.json: grammars are unavailable")
-            self._tokenizer = llguidance.LLTokenizer(
-                self.tokenizer_path, n_vocab=self.vocab_size,
-                eos_token=self.eos_token_ids or None)
-            self._executor = llguidance.LLExecutor(max(1, min(8, (os.cpu_count() or 2) // 2)))
-        return self._tokenizer
+                if self.tokenizer_path is None:
+                    raise GrammarError("this model has no tokenizer.json: grammars are "
+                                       "unavailable")
+                self._tokenizer = llguidance.LLTokenizer(
+                    self.tokenizer_path, n_vocab=self.vocab_size,
+                    eos_token=self.eos_token_ids or None)
+                self._executor = llguidance.LLExecutor(max(1, min(8, (os.cpu_count() or 2) // 2)))
+            return self._tokenizer
 
     @property
     def executor(self) -> object:
