@@ -209,3 +209,14 @@ def test_public_grpc_api_grammar_tools_reasoning_echo(stack: Any) -> None:
                 grammar=common_pb2.Grammar(regex="a(+"))), timeout=60)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "regex" in (err.value.details() or "")
+
+
+def test_continuous_usage_stats_in_every_chunk(stack: Any) -> None:
+    client = _client(stack)
+    seen = []
+    for chunk in client.completions.create(
+            model="tiny", prompt="In the beginning", max_tokens=6, temperature=0, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True}):  # type: ignore[typeddict-unknown-key]
+        assert chunk.usage is not None
+        seen.append(chunk.usage.completion_tokens)
+    assert seen == sorted(seen) and seen[-1] == 6 and len(seen) >= 6

@@ -185,6 +185,8 @@ class GenerationResponse(Response):
 
     async def _stream(self, gen: Generation, send: Send, body_send: Send) -> None:
         fmt = await self._formatter()
+        if self.job.continuous_usage:
+            fmt.usage_now = gen.usage
         logprobs, include_usage = self.job.sampling.logprobs, self.include_usage
         chunks = gen.chunks()
         first = await anext(chunks)  # an early failure still gets a proper status

@@ -39,6 +39,7 @@ class Job:
     tool_parser: str = ""  # output parsers (agent_parsers); "" = off
     reasoning_parser: str = ""
     grammar_param: str = ""  # the request field the grammar came from (errors name it)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
 
     @property
     def num_choices(self) -> int:

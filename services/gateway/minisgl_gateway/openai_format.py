@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) does to a str
 from typing import Any
 
@@ -51,6 +52,8 @@ class Formatter:
         self._syntax = (tool_parser, reasoning_parser) if kind == "chat" else ("", "")
         self._parsers: dict[int, ChoiceParser] = {}
         self._echo = echo
+        # stream_options.continuous_usage_stats: the usage so far, in every chunk.
+        self.usage_now: Callable[[], Usage] | None = None
         self.id = new_id(kind)
         self.created = int(time.time())
         self._offsets: dict[int, int] = {}  # completions text_offset per choice (streaming)
@@ -158,7 +161,9 @@ class Formatter:
     def _chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> bytes:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         body = {**self._head(obj), "choices": choices}
-        if include_usage:
+        if self.usage_now is not None:
+            body["usage"] = usage_body(self.usage_now(), self.reasoning_tokens())
+        elif include_usage:
             body["usage"] = None
         return sse(body)
 
@@ -178,7 +183,7 @@ class Formatter:
             self._echoed(c)
             if not c.text and not c.finish_reason and not c.logprobs:
                 continue  # nothing visible yet (e.g. half a UTF-8 character)
-            if not c.finish_reason and not logprobs:  # a plain text delta: most chunks
+            if not c.finish_reason and not logprobs and self.usage_now is None:  # most chunks
                 head, mid, tail = self._templates.get(include_usage) or self._template(
                     include_usage)
                 out.append(f"{head}{c.index}{mid}{encode_basestring(c.text)}{tail}".encode())

@@ -330,9 +330,6 @@ def stream_flags(body: _Common) -> tuple[bool, bool]:
     """(stream, include_usage)."""
     stream = bool(body.stream)
     include = bool(stream and body.stream_options and body.stream_options.include_usage)
-    if stream and body.stream_options and body.stream_options.continuous_usage_stats:
-        raise invalid("stream_options.continuous_usage_stats is not supported",
-                      param="stream_options.continuous_usage_stats")
     return stream, include
 
 
@@ -397,6 +394,8 @@ def build_job(endpoint: Endpoint, payload: Any) -> tuple[Job, bool, bool, str | 
     body = parse_body(ChatBody if endpoint == "chat" else CompletionBody, payload)
     job = chat_job(body) if endpoint == "chat" else completion_job(body)
     stream, include_usage = stream_flags(body)
+    job.continuous_usage = bool(stream and body.stream_options
+                                and body.stream_options.continuous_usage_stats)
     return job, stream, include_usage, body.user
 
 
