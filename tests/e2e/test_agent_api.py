@@ -68,6 +68,7 @@ def test_tool_choice_required_streamed_and_whole_agree(stack: Any) -> None:
     arguments: dict[int, str] = {}
     finish = None
     first_fields: list[str] = []
+    fragments = 0
     for chunk in client.chat.completions.create(**args, stream=True):
         for c in chunk.choices:
             for tc in c.delta.tool_calls or []:
@@ -77,10 +78,12 @@ def test_tool_choice_required_streamed_and_whole_agree(stack: Any) -> None:
                 if tc.function and tc.function.arguments:
                     assert tc.index in names, "the name comes before the arguments"
                     arguments[tc.index] = arguments.get(tc.index, "") + tc.function.arguments
+                    fragments += 1
             finish = c.finish_reason or finish
     assert finish == "tool_calls"
     assert names == {0: "get_weather"}
     assert arguments[0] == calls[0].function.arguments
+    assert fragments > 1, "arguments stream as they are generated"
 
 
 def test_named_tool_choice_and_tool_result_messages(stack: Any) -> None:
@@ -192,10 +195,15 @@ def test_public_grpc_api_grammar_tools_reasoning_echo(stack: Any) -> None:
             messages=[common_pb2.ChatMessage(role="user", content="Speak")],
             sampling=common_pb2.SamplingParams(max_tokens=150, seed=2),
             tools_json=json.dumps([WEATHER]), tool_choice="get_weather")
-        calls = [tc for m in stub.ChatStream(chat, timeout=60) for c in m.choices
+        parts = [tc for m in stub.ChatStream(chat, timeout=60) for c in m.choices
                  for tc in c.tool_calls]
-        assert [c.name for c in calls] == ["get_weather"] and calls[0].id
-        jsonschema.validate(json.loads(calls[0].arguments), WEATHER["function"]["parameters"])
+        # The first part names the call, the others carry argument fragments.
+        assert parts[0].name == "get_weather" and parts[0].id and len(parts) > 2
+        assert all(p.index == 0 and not p.name and not p.id for p in parts[1:])
+        arguments = "".join(p.arguments for p in parts)
+        jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
+        whole = stub.Chat(chat, timeout=60).choices[0].tool_calls
+        assert [(c.name, c.arguments) for c in whole] == [("get_weather", arguments)]
 
         think = generation_pb2.ChatRequest(
             messages=[common_pb2.ChatMessage(role="user", content="Speak")],

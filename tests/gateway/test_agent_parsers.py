@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from minisgl_gateway.agent_parsers import ChoiceParser, default_parsers
+from minisgl_gateway.agent_parsers import ChoiceParser, assemble, default_parsers
 
 
 def _whole(syntax: tuple[str, str], text: str) -> tuple[str, str, list[tuple[str, str]]]:
@@ -17,13 +17,17 @@ def _whole(syntax: tuple[str, str], text: str) -> tuple[str, str, list[tuple[str
 def _streamed(syntax: tuple[str, str], parts: list[str]) -> tuple[str, str,
                                                                    list[tuple[str, str]]]:
     p = ChoiceParser(*syntax)
-    reasoning, content, calls = "", "", []
+    reasoning, content, tools = "", "", []
+    named: set[int] = set()
     for i, part in enumerate(parts):
         d = p.feed(part, final=i == len(parts) - 1)
         reasoning += d.reasoning
         content += d.content
-        calls += [(c.name, c.arguments) for c in d.calls]
-    return reasoning, content, calls
+        for t in d.tools:
+            assert t.name or t.index in named, "a call's name comes before its arguments"
+            named.add(t.index)
+        tools += d.tools
+    return reasoning, content, [(c.name, c.arguments) for c in assemble(tools)]
 
 
 CASES = [
@@ -32,7 +36,11 @@ CASES = [
      "\n</tool_call>",
      ("\nhmm, rain?", "Let me look.", [("w", '{"city": "Ur"}'), ("t", "{}")])),
     (("hermes", "qwen3"), "plain <tool text, no call", ("", "plain <tool text, no call", [])),
-    (("hermes", ""), "<tool_call>not json</tool_call>", ("", "", [])),
+    (("hermes", ""), '<tool_call>{"name":"a","arguments":{"x":{"y":"}"}}}</tool_call>'
+     '<tool_call>{"arguments":{"k":[1]},"name":"b"}</tool_call>',
+     ("", "", [("a", '{"x":{"y":"}"}}'), ("b", '{"k": [1]}')])),
+    (("hermes", ""), "<tool_call>not json</tool_call>",
+     ("", "<tool_call>not json</tool_call>", [])),
     (("llama3", ""), '<|python_tag|>{"name": "w", "parameters": {"a": 1}}',
      ("", "", [("w", '{"a": 1}')])),
     (("llama3", ""), "{not a call", ("", "{not a call", [])),

@@ -5,9 +5,9 @@ They live in the gateway: the OpenAI protocol is the gateway's, and they work on
 detokenizer already produced (stop strings applied), one parser state per choice.
 
 Streams hold back text that may be the start of a marker (`<thi` could become `<think>`) until the
-next delta decides; a tool call is emitted once its closing marker (or the end) arrives: first a
-delta with id and name, then its arguments as one fragment. Text that does not parse as a call
-stays content.
+next delta decides. A hermes call written name first streams its name as soon as the head is
+complete, then its arguments as they come; other calls are emitted once complete (a name delta,
+then one arguments delta). Text that does not parse as a call stays content.
 
 Tool-call syntaxes:  hermes  <tool_call>{"name": .., "arguments": {..}}</tool_call> (Qwen2.5/3)
                      llama3  {"name": .., "parameters": {..}} as the whole answer (Llama 3.x JSON;
@@ -20,6 +20,7 @@ Reasoning syntax:    qwen3   <think>..</think> (also when <think> was in the pro
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,8 +104,33 @@ def _parse_call(obj: Any, args_key: str) -> ToolCall | None:
     return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args))
 
 
+@dataclass(slots=True)
+class ToolDelta:
+    """A piece of the choice's call number `index`: the first carries id and name, the rest
+    argument fragments (concatenated, they are the call's arguments JSON)."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+def assemble(deltas: list[ToolDelta]) -> list[ToolCall]:
+    calls: dict[int, ToolCall] = {}
+    for d in deltas:
+        call = calls.get(d.index)
+        if call is None:
+            call = calls[d.index] = ToolCall(d.name, "", d.id)
+        call.arguments += d.arguments
+    return [calls[k] for k in sorted(calls)]
+
+
+# The head of a hermes call written name-first: its arguments can stream as they are generated.
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
 class ToolCallSplitter:
-    """Feeds content text, returns (content delta, completed calls)."""
+    """Feeds content text, returns (content delta, tool-call deltas)."""
 
     def __init__(self, syntax: str) -> None:
         self.syntax = syntax
@@ -114,15 +140,19 @@ class ToolCallSplitter:
         self._ws = ""  # blank text after a call, held
         self._mode = "start"  # llama3: start | call (the answer opened with "{") | text
         self.calls = 0
+        self._head: ToolDelta | None = None  # the call being streamed (hermes)
+        self._args_at = 0  # where its arguments start in _buf
+        self._sent = 0  # argument characters sent
 
-    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolDelta]]:
         if self.syntax == "llama3":
-            return self._feed_llama(text, final)
+            content, calls = self._feed_llama(text, final)
+            return content, self._whole_calls(calls)
         start, end = ("<tool_call>", "</tool_call>") if self.syntax == "hermes" \
             else ("[TOOL_CALLS]", None)
         buf = self._buf + text
         self._buf = ""
-        content, calls = "", []
+        content, out = "", []
         while buf:
             if not self._in_call:
                 i = buf.find(start)
@@ -137,22 +167,77 @@ class ToolCallSplitter:
             j = buf.find(end) if end else -1
             if j < 0:
                 if final:  # unclosed: a call if it parses, else the text stays content
-                    parsed = self._body(buf, start)
-                    calls += parsed
-                    self._seen_call |= bool(parsed)
-                    if not parsed:
+                    deltas = self._close(buf)
+                    if deltas is None:
                         content += self._emit(start + buf, False, final)
+                    out += deltas or []
                 else:
                     self._buf = buf
+                    if end:
+                        out += self._stream_args(buf, end)
                 buf = ""
                 break
-            parsed = self._body(buf[:j], start)
-            calls += parsed
-            self._seen_call |= bool(parsed)
+            deltas = self._close(buf[:j])
+            if deltas is None:  # not a call after all
+                content += self._emit(start + buf[:j + len(end or "")], False, final)
+            out += deltas or []
             buf = buf[j + len(end or ""):]
             self._in_call = False
-        self.calls += len(calls)
-        return content, calls
+        return content, out
+
+    def _stream_args(self, body: str, end: str) -> list[ToolDelta]:
+        """Hermes, inside a call: the name once the head is complete, then the arguments so
+        far, less what may still be the object's closing brace, blanks or the end marker."""
+        out = []
+        if self._head is None:
+            if not self._open(body):
+                return []
+            assert self._head is not None
+            out.append(self._head)
+        safe = body[: len(body) - _hold(body, end)][self._args_at:].rstrip(" \t\r\n}")
+        if len(safe) > self._sent:
+            out.append(ToolDelta(self._head.index, arguments=safe[self._sent:]))
+            self._sent = len(safe)
+        return out
+
+    def _open(self, body: str) -> bool:
+        """Starts the streamed call if `body` begins with a complete name-first head."""
+        m = _HEAD.match(body) if self.syntax == "hermes" else None
+        if m is None or m.end() == len(body):  # more blanks may follow: not yet
+            return False
+        try:
+            name = json.loads(f'"{m.group(1)}"')
+        except ValueError:
+            return False
+        self._head = ToolDelta(self.calls, "call_" + secrets.token_hex(12), name)
+        self._args_at, self._sent = m.end(), 0
+        self.calls += 1
+        self._seen_call = True
+        return True
+
+    def _close(self, body: str) -> list[ToolDelta] | None:
+        """The call's body is complete: its remaining deltas (None: not a call)."""
+        head_delta = []
+        if self._head is None and self._open(body):
+            head_delta = [self._head]
+        head, self._head = self._head, None
+        if head is not None:
+            rest = body[self._args_at:].rstrip()
+            rest = rest[:-1].rstrip() if rest.endswith("}") else rest  # the object's close
+            return [*head_delta, ToolDelta(head.index, arguments=rest[self._sent:])]
+        calls = self._body(body)
+        if not calls:
+            return None
+        self._seen_call = True
+        return self._whole_calls(calls)
+
+    def _whole_calls(self, calls: list[ToolCall]) -> list[ToolDelta]:
+        out = []
+        for call in calls:
+            out.append(ToolDelta(self.calls, call.id, call.name))
+            out.append(ToolDelta(self.calls, arguments=call.arguments))
+            self.calls += 1
+        return out
 
     def _emit(self, seg: str, before_call: bool, final: bool) -> str:
         """Content text; once a call was made, blank text between or after calls is dropped
@@ -166,7 +251,7 @@ class ToolCallSplitter:
         self._ws = "" if before_call or final else text
         return ""
 
-    def _body(self, body: str, start: str) -> list[ToolCall]:
+    def _body(self, body: str) -> list[ToolCall]:
         try:
             obj = json.loads(body)
         except ValueError:
@@ -197,7 +282,6 @@ class ToolCallSplitter:
         except ValueError:
             call = None
         out, self._buf = ("", "") if call else (self._buf, "")
-        self.calls += int(call is not None)
         return out, [call] if call else []
 
 
@@ -205,7 +289,12 @@ class ToolCallSplitter:
 class Delta:
     reasoning: str = ""
     content: str = ""
-    calls: list[ToolCall] = field(default_factory=list)
+    tools: list[ToolDelta] = field(default_factory=list)
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """Whole calls (a unary answer feeds all its text at once)."""
+        return assemble(self.tools)
 
 
 class ChoiceParser:
@@ -224,10 +313,10 @@ class ChoiceParser:
             reasoning, content = self.reason.feed(text, final)
             if was and (reasoning or self.reason.reasoning):
                 self.reasoning_tokens += num_tokens
-        calls: list[ToolCall] = []
+        tools: list[ToolDelta] = []
         if self.tools is not None and (content or final):
-            content, calls = self.tools.feed(content, final)
-        return Delta(reasoning, content, calls)
+            content, tools = self.tools.feed(content, final)
+        return Delta(reasoning, content, tools)
 
     @property
     def made_calls(self) -> bool:

@@ -169,7 +169,9 @@ class _Output:
         self.echo = echo
         self.echoed: set[int] = set()
 
-    def fill(self, choice: generation_pb2.Choice, chunk: ChoiceChunk) -> None:
+    def fill(self, choice: generation_pb2.Choice, chunk: ChoiceChunk, whole: bool = False
+             ) -> None:
+        """`whole`: a unary answer (tool calls complete, not as deltas)."""
         if self.echo is not None and chunk.index not in self.echoed:
             self.echoed.add(chunk.index)
             chunk.text = self.echo[chunk.index] + chunk.text
@@ -179,14 +181,18 @@ class _Output:
         parser = self.parsers.get(chunk.index)
         if parser is None:
             parser = self.parsers[chunk.index] = ChoiceParser(*self.syntax)
-        first = parser.tools.calls if parser.tools is not None else 0
         d = parser.feed(chunk.text, len(chunk.token_ids), final=chunk.finish_reason is not None)
         chunk.text = d.content
         _fill_choice(choice, chunk)
         if d.reasoning:
             choice.reasoning_content = d.reasoning
-        for k, call in enumerate(d.calls, start=first):
-            choice.tool_calls.add(index=k, id=call.id, name=call.name, arguments=call.arguments)
+        if whole:
+            for k, call in enumerate(d.calls):
+                choice.tool_calls.add(index=k, id=call.id, name=call.name,
+                                      arguments=call.arguments)
+            return
+        for t in d.tools:
+            choice.tool_calls.add(index=t.index, id=t.id, name=t.name, arguments=t.arguments)
 
 
 def _fill_choice(choice: generation_pb2.Choice, chunk: ChoiceChunk) -> None:
@@ -276,7 +282,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                 reply = self._response(job, job.request_id or secrets.token_hex(12))
                 out = _Output(job, await self._echo(job))
                 for c in choices:
-                    out.fill(reply.choices.add(), c)
+                    out.fill(reply.choices.add(), c, whole=True)
                 reply.usage.CopyFrom(_usage(gen.usage()))
         return reply
 

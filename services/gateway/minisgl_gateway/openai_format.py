@@ -204,18 +204,18 @@ class Formatter:
         """Chat deltas through the parsers: reasoning, content, then each completed tool call
         as a name delta and an arguments delta."""
         d = self._parse(c)
-        parser = self._parsers[c.index]
         deltas: list[dict[str, Any]] = []
         if d.reasoning:
             deltas.append({"reasoning_content": d.reasoning})
         if d.content:
             deltas.append({"content": d.content})
-        first = parser.tools.calls - len(d.calls) if parser.tools is not None else 0
-        for k, call in enumerate(d.calls, start=first):
-            deltas.append({"tool_calls": [{"index": k, "id": call.id, "type": "function",
-                                           "function": {"name": call.name, "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": k,
-                                           "function": {"arguments": call.arguments}}]})
+        for t in d.tools:
+            if t.name:
+                deltas.append({"tool_calls": [{"index": t.index, "id": t.id, "type": "function",
+                                               "function": {"name": t.name, "arguments": ""}}]})
+            if t.arguments:
+                deltas.append({"tool_calls": [{"index": t.index,
+                                               "function": {"arguments": t.arguments}}]})
         lp = self._logprobs(c, logprobs)
         out = []
         for i, delta in enumerate(deltas):
