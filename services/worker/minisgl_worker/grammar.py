@@ -25,14 +25,27 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 import torch
 from minisgl_core.sampling import GrammarSpec
 
+if TYPE_CHECKING:  # imported when first needed: a worker without llguidance serves the rest
+    import llguidance
+
 log = logging.getLogger(__name__)
 
 CACHE_SIZE = 256  # compiled grammars kept (templates; each request deep-copies one)
+
+
+class Matcher(Protocol):
+    """What this module uses of `llguidance.LLMatcher` (and of `_EosOnly`)."""
+
+    def is_stopped(self) -> bool: ...
+    def is_error(self) -> bool: ...
+    def consume_token(self, sampled_token: int) -> bool: ...
+    def consume_tokens(self, sampled_tokens: list[int]) -> bool: ...
 
 
 class GrammarError(ValueError):
@@ -40,7 +53,7 @@ class GrammarError(ValueError):
 
 
 def grammar_text(spec: GrammarSpec) -> str:
-    """The spec in llguidance's grammar format (no tokenizer needed: the gateway uses it too)."""
+    """The spec in llguidance's grammar format (no tokenizer needed)."""
     import llguidance
 
     # Fixed separators (", " and ": "), no free whitespace: a weak model cannot loop on blanks.
@@ -72,18 +85,24 @@ class GrammarCompiler:
         self.tokenizer_path = tokenizer_path
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self._tokenizer: object | None = None
-        self._executor: object | None = None
-        self._cache: OrderedDict[GrammarSpec, object] = OrderedDict()
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._executor: llguidance.LLExecutor | None = None
+        self._cache: OrderedDict[GrammarSpec, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
     def warm(self) -> None:
         """Build the llguidance tokenizer in a background thread (seconds for a 150k vocabulary
         on a busy host), so the first grammar request does not stall a step for it."""
-        if self.tokenizer_path is not None:
-            threading.Thread(target=self._tok, name="grammar-tokenizer", daemon=True).start()
+        def build() -> None:
+            try:
+                self._tok()
+            except Exception as exc:  # reported again to the first request with a grammar
+                log.warning("grammar support unavailable: %r", exc)
 
-    def _tok(self) -> object:
+        if self.tokenizer_path is not None:
+            threading.Thread(target=build, name="grammar-tokenizer", daemon=True).start()
+
+    def _tok(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._tokenizer is None:
                 import llguidance
@@ -98,11 +117,12 @@ class GrammarCompiler:
             return self._tokenizer
 
     @property
-    def executor(self) -> object:
+    def executor(self) -> llguidance.LLExecutor:
         self._tok()
+        assert self._executor is not None
         return self._executor
 
-    def matcher(self, spec: GrammarSpec) -> object:
+    def matcher(self, spec: GrammarSpec) -> llguidance.LLMatcher:
         """A fresh matcher for `spec`; raises GrammarError."""
         template = self._cache.get(spec)
         if template is None:
@@ -120,14 +140,14 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(spec)
-        return template.deep_copy()  # type: ignore[attr-defined]
+        return template.deep_copy()
 
 
 @dataclass(slots=True)
 class _Pending:
     """Tokens sampled for grammar rows, on their way to the host."""
 
-    matchers: list[object]
+    matchers: list[Matcher]
     tokens: torch.Tensor  # host (pinned on CUDA), filled when `event` completes
     event: torch.cuda.Event | None
 
@@ -140,18 +160,21 @@ class SlotGrammars:
         self.vocab_size, self.device, self.compiler = vocab_size, device, compiler
         self.active = np.zeros(max_slots, dtype=bool)
         self.n_active = 0
-        self._matchers: list[object | None] = [None] * max_slots
+        self._matchers: list[Matcher | None] = [None] * max_slots
         self._prompt_len = [0] * max_slots
         self._pending: list[_Pending] = []
         self.words = -(-vocab_size // 32)
         self._shifts = torch.arange(32, dtype=torch.int32, device=device)
-        self._rows_matchers: list[object] = []  # of the last `apply`, for `record`
+        self._rows_matchers: list[Matcher] = []  # of the last `apply`, for `record`
 
     def set_slot(self, slot: int, spec: GrammarSpec | None, prompt_len: int) -> None:
-        matcher = None
+        matcher: Matcher | None = None
         if spec is not None:
             try:
                 matcher = self.compiler.matcher(spec)
+            except ImportError:
+                log.warning("a request has a grammar but llguidance is not installed")
+                matcher = _EosOnly()
             except GrammarError as exc:
                 # The gateway validated it; a tokenizer-specific failure ends the request at once
                 # (EOS only) instead of failing the whole step.
@@ -172,15 +195,15 @@ class SlotGrammars:
             return
         outputs = list(token_ids[max(0, self._prompt_len[slot] - start_pos):])
         if outputs:
-            matcher.consume_tokens(outputs)  # type: ignore[attr-defined]
+            matcher.consume_tokens(outputs)
 
     def _drain(self) -> None:
         for p in self._pending:
             if p.event is not None:
                 p.event.synchronize()
             for m, t in zip(p.matchers, p.tokens.tolist(), strict=True):
-                if not m.is_stopped():  # type: ignore[attr-defined]
-                    m.consume_token(t)  # type: ignore[attr-defined]
+                if not m.is_stopped():
+                    m.consume_token(t)
         self._pending.clear()
 
     def apply(self, x: torch.Tensor, host_slots: np.ndarray) -> torch.Tensor | None:
@@ -190,16 +213,17 @@ class SlotGrammars:
         if rows.size == 0:
             return None
         self._drain()
-        matchers = [self._matchers[int(s)] for s in host_slots[rows]]
+        matchers = [m for m in (self._matchers[int(s)] for s in host_slots[rows])
+                    if m is not None]  # every active slot has one
         bitmask = np.zeros((rows.size, self.words), dtype=np.int32)
-        real = [(m, i) for i, m in enumerate(matchers) if not isinstance(m, _EosOnly)]
+        real = [(cast("llguidance.LLMatcher", m), i) for i, m in enumerate(matchers)
+                if not isinstance(m, _EosOnly)]
         if real:
             import llguidance.numpy as lnp
 
-            lnp.fill_next_token_bitmask_par(self.compiler.executor, real,  # type: ignore[arg-type]
-                                            bitmask)
+            lnp.fill_next_token_bitmask_par(self.compiler.executor, real, bitmask)
         for i, m in enumerate(matchers):
-            if isinstance(m, _EosOnly) or m.is_error():  # type: ignore[attr-defined]
+            if isinstance(m, _EosOnly) or m.is_error():
                 bitmask[i] = 0
                 words = bitmask.view(np.uint32)
                 for t in self.compiler.eos_token_ids:
