@@ -16,7 +16,10 @@ def test_enable_thinking_false_closes_the_think_block() -> None:
     t = ChatTemplates({"default": QWEN3_STYLE}, {"bos_token": "<s>"})
     msgs = [{"role": "user", "content": "hi"}]
     assert t.render(msgs).endswith("<|im_start|>assistant\n")
-    assert t.render(msgs, enable_thinking=True).endswith("<|im_start|>assistant\n")
-    assert t.render(msgs, enable_thinking=False).endswith("assistant\n<think>\n\n</think>\n\n")
+    assert t.render(msgs, template_kwargs={"enable_thinking": True}).endswith(
+        "<|im_start|>assistant\n")
+    assert t.render(msgs, template_kwargs={"enable_thinking": False}).endswith(
+        "assistant\n<think>\n\n</think>\n\n")
     # Reserved names are the renderer's: a kwarg cannot replace them.
-    assert t.render(msgs, add_generation_prompt=False, messages=[]) == t.render(msgs)
+    reserved = {"add_generation_prompt": False, "messages": [], "bos_token": "x"}
+    assert t.render(msgs, template_kwargs=reserved) == t.render(msgs)

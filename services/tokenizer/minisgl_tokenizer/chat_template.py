@@ -131,10 +131,11 @@ class ChatTemplates:
             f"the model has several chat templates and none is 'default': {sorted(self._compiled)}")
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True, **kwargs: Any) -> str:
-        """`kwargs`: extra template variables (OpenAI-compatible servers' chat_template_kwargs,
-        e.g. enable_thinking=False); they cannot replace the ones set here."""
-        kwargs = {k: v for k, v in kwargs.items() if k not in (
+               add_generation_prompt: bool = True,
+               template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """`template_kwargs`: extra template variables (OpenAI-compatible servers'
+        chat_template_kwargs, e.g. enable_thinking=False); they cannot replace the ones set here."""
+        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in (
             "messages", "tools", "documents", "add_generation_prompt", *self.special_tokens)}
         if not messages:
             raise ChatTemplateError("messages must not be empty")

@@ -93,7 +93,7 @@ class PromptTokenizer:
                 try:
                     rendered = self.model.chat.render(item.messages, item.tools,
                                                       item.add_generation_prompt,
-                                                      **item.template_kwargs)
+                                                      item.template_kwargs)
                 except ChatTemplateError as exc:
                     results[i].error = ItemError(ErrorCode.INVALID_ARGUMENT, str(exc))
                     continue
