@@ -70,3 +70,19 @@ def test_calls_get_distinct_ids_and_parsers_follow_the_model() -> None:
     assert default_parsers("Meta-Llama-3.1-8B") == ("llama3", "")
     assert default_parsers("Qwen3-0.6B") == ("hermes", "qwen3")
     assert default_parsers("Mistral-7B") == ("mistral", "")
+
+
+def test_plain_chat_streams_leave_the_parsers_after_the_first_text() -> None:
+    """Chat streams of a reasoning model return to the plain-text fast path once the answer is
+    known not to think (or has finished thinking)."""
+    p = ChoiceParser("", "qwen3")
+    p.feed("Hello")
+    assert p.passthrough
+    p = ChoiceParser("", "qwen3")
+    p.feed("<thi")
+    assert not p.passthrough
+    p.feed("nk>a</think>")
+    assert not p.passthrough  # blank lines after </think> may still come
+    p.feed("\nok")
+    assert p.passthrough
+    assert not ChoiceParser("hermes", "qwen3").passthrough  # tool calls may come at any point

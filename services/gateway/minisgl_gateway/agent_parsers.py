@@ -66,6 +66,11 @@ class ReasoningSplitter:
     def reasoning(self) -> bool:
         return self.state == "reason"
 
+    @property
+    def pending(self) -> bool:
+        """Text held back, or blank lines after </think> still to drop."""
+        return bool(self._buf) or self._strip
+
     def feed(self, text: str, final: bool = False) -> tuple[str, str]:
         buf = self._buf + text
         self._buf = ""
@@ -317,6 +322,13 @@ class ChoiceParser:
         if self.tools is not None and (content or final):
             content, tools = self.tools.feed(content, final)
         return Delta(reasoning, content, tools)
+
+    @property
+    def passthrough(self) -> bool:
+        """From here on text passes unchanged (reasoning over or never started, no tool
+        parser): streams may take their plain-text fast path again."""
+        r = self.reason
+        return self.tools is None and (r is None or (r.state == "content" and not r.pending))
 
     @property
     def made_calls(self) -> bool:

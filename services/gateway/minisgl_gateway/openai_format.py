@@ -178,8 +178,10 @@ class Formatter:
         out = []
         for c in chunks:
             if self.kind == "chat" and self.parsing:
-                out += self._parsed_chunks(c, logprobs, include_usage)
-                continue
+                parser = self._parsers.get(c.index)
+                if parser is None or not parser.passthrough:
+                    out += self._parsed_chunks(c, logprobs, include_usage)
+                    continue
             self._echoed(c)
             if not c.text and not c.finish_reason and not c.logprobs:
                 continue  # nothing visible yet (e.g. half a UTF-8 character)
