@@ -91,3 +91,22 @@ def test_out_of_range_bias_token_is_refused(bad: dict[int, float]) -> None:
     sampler = Sampler(1, 3, torch.device("cpu"))
     with pytest.raises(ValueError, match="logit_bias"):
         sampler.set_slot(0, SamplingParams(logit_bias=bad))
+
+
+def test_triton_bitmask_kernel_matches_the_torch_path() -> None:
+    """The CUDA kernel (run by Triton's interpreter here) masks exactly what torch ops mask."""
+    from minisgl_worker.grammar_mask import apply_bitmask
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = 4100  # not a multiple of 32: the last word is partly outside the vocabulary
+    x = torch.randn(5, vocab, generator=gen)
+    rows = torch.tensor([4, 0, 2])
+    bits = torch.randint(-2**31, 2**31 - 1, (3, -(-vocab // 32)), generator=gen,
+                         dtype=torch.int64).to(torch.int32)
+    ref, out = x.clone(), x.clone()
+    apply_bitmask(ref, rows, bits, use_triton=False)
+    apply_bitmask(out, rows, bits, use_triton=True)
+    assert torch.equal(ref, out)
+    assert torch.equal(out[[1, 3]], x[[1, 3]])  # rows without a grammar are untouched
+    word, bit = divmod(77, 32)
+    assert bool(torch.isinf(out[4, 77])) != bool((int(bits[0, word]) >> bit) & 1)

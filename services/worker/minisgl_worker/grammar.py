@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from minisgl_core.sampling import GrammarSpec
 
+from .grammar_mask import apply_bitmask
+
 if TYPE_CHECKING:  # imported when first needed: a worker without llguidance serves the rest
     import llguidance
 
@@ -164,8 +166,9 @@ class SlotGrammars:
         self._prompt_len = [0] * max_slots
         self._pending: list[_Pending] = []
         self.words = -(-vocab_size // 32)
-        self._shifts = torch.arange(32, dtype=torch.int32, device=device)
+        self.use_triton: bool | None = None  # None: on CUDA devices (grammar_mask.py)
         self._rows_matchers: list[Matcher] = []  # of the last `apply`, for `record`
+        self._bufs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def set_slot(self, slot: int, spec: GrammarSpec | None, prompt_len: int) -> None:
         matcher: Matcher | None = None
@@ -215,7 +218,8 @@ class SlotGrammars:
         self._drain()
         matchers = [m for m in (self._matchers[int(s)] for s in host_slots[rows])
                     if m is not None]  # every active slot has one
-        bitmask = np.zeros((rows.size, self.words), dtype=np.int32)
+        host, dev = self._buffers()
+        bitmask = host.numpy()[: rows.size]
         real = [(cast("llguidance.LLMatcher", m), i) for i, m in enumerate(matchers)
                 if not isinstance(m, _EosOnly)]
         if real:
@@ -228,13 +232,22 @@ class SlotGrammars:
                 words = bitmask.view(np.uint32)
                 for t in self.compiler.eos_token_ids:
                     words[i, t // 32] |= np.uint32(1 << (t % 32))
-        bits = _upload(torch.from_numpy(bitmask), self.device)
-        allowed = ((bits.unsqueeze(-1) >> self._shifts) & 1).view(rows.size, -1)
-        allowed = allowed[:, : x.shape[1]].bool()
+        # The host buffer is reused next step: by then this copy is done (the next `apply`
+        # first waits for this step's tokens, drawn after the mask was applied).
+        bits = dev[: rows.size]
+        bits.copy_(host[: rows.size], non_blocking=True)
         idx = _upload(torch.from_numpy(rows.astype(np.int64)), self.device)
-        x[idx] = x[idx].masked_fill(~allowed, float("-inf"))
+        apply_bitmask(x, idx, bits, self.use_triton)
         self._rows_matchers = matchers
         return idx
+
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host (pinned on CUDA) and device bitmask buffers for every slot, made on first use."""
+        if self._bufs is None:
+            shape = (len(self._matchers), self.words)
+            host = torch.zeros(shape, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+            self._bufs = (host, torch.zeros(shape, dtype=torch.int32, device=self.device))
+        return self._bufs
 
     def record(self, idx: torch.Tensor, tokens: torch.Tensor) -> None:
         """The tokens just drawn for the rows `apply` masked: copied to the host behind an event;
