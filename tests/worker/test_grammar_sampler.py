@@ -110,3 +110,27 @@ def test_triton_bitmask_kernel_matches_the_torch_path() -> None:
     assert torch.equal(out[[1, 3]], x[[1, 3]])  # rows without a grammar are untouched
     word, bit = divmod(77, 32)
     assert bool(torch.isinf(out[4, 77])) != bool((int(bits[0, word]) >> bit) & 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_and_processed_batches_both_follow_the_grammar(dtype: torch.dtype) -> None:
+    """A grammar row beside plain temperature rows keeps the one-pass draw (masked in the
+    logits' dtype); beside a top-p row it goes through the fp32 processors. Both obey it."""
+    sampler = Sampler(3, VOCAB, torch.device("cpu"), eos_token_ids=EOS, seed=0,
+                      tokenizer_path=str(TINY / "tokenizer.json"))
+    digits = SamplingParams(temperature=1.0, grammar=GrammarSpec("regex", "[0-9]{5}"))
+    for other in (SamplingParams(temperature=0.7), SamplingParams(temperature=0.7, top_p=0.5)):
+        gen = torch.Generator().manual_seed(3)
+        sampler.set_slot(0, digits, [5])
+        sampler.set_slot(1, other, [5])
+        ids: list[int] = []
+        slots = torch.arange(2)
+        for step in range(12):
+            logits = (torch.randn(2, VOCAB, generator=gen) * 5).to(dtype)
+            t = sampler.sample(logits, slots, torch.full((2,), step),
+                               host_slots=[0, 1]).token_ids.tolist()[0]
+            ids.append(t)
+            if t in EOS:
+                break
+        import re
+        assert re.fullmatch("[0-9]{5}", _text(ids)), ids

@@ -210,8 +210,8 @@ class SlotGrammars:
         self._pending.clear()
 
     def apply(self, x: torch.Tensor, host_slots: np.ndarray) -> torch.Tensor | None:
-        """Mask the grammar rows of fp32 logits `x` [B, V] in place; returns the device row
-        indices that were masked (None: no grammar row in this batch)."""
+        """Mask the grammar rows of logits `x` [B, V] (any float dtype) in place; returns the
+        device row indices that were masked (None: no grammar row in this batch)."""
         rows = np.flatnonzero(self.active[host_slots])
         if rows.size == 0:
             return None

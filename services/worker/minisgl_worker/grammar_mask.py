@@ -1,4 +1,5 @@
-"""Applying a grammar's token bitmask to fp32 logits: -inf where the bit is 0.
+"""Applying a grammar's token bitmask to logits (fp32, or bf16/fp16 on the fused path): -inf where
+the bit is 0.
 
 The bitmask is llguidance's int32 `[n, ceil(V/32)]`, bit `t % 32` of word `t // 32` for token t;
 row i masks logits row `rows[i]` in place. On CUDA one Triton pass reads each logit and its word
@@ -14,7 +15,7 @@ _BLOCK = 2048
 
 def apply_bitmask(x: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor,
                   use_triton: bool | None = None) -> None:
-    """x [B, V] fp32 (contiguous rows), rows int64 [n] on x's device, bits int32 [n, W]."""
+    """x [B, V] float (rows may be strided), rows int64 [n] on x's device, bits int32 [n, W]."""
     n, vocab = rows.shape[0], x.shape[1]
     if n == 0:
         return

@@ -214,7 +214,8 @@ class Sampler:
         strided); slots, positions int64 [B] on the device; positions[i] is the sequence index
         of the token being sampled (the noise counter).
         `host_slots` (the same slots on the host) lets the sampler choose its processors without
-        reading `slots` back from the device; without it, CUDA slots cost one sync."""
+        reading `slots` back from the device; without it, CUDA slots cost one sync.
+        Rows with a grammar may have their disallowed logits set to -inf in place."""
         batch = logits.shape[0]
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:
             raise ValueError(f"logits must be [B, {self.vocab_size}], got {tuple(logits.shape)}")
@@ -235,9 +236,14 @@ class Sampler:
         plan = _Plan.make(self._nf[hs], self._ni[hs], self._n_out_len_view[hs], self.vocab_size)
         grammar = bool(self.grammars.n_active) and bool(self.grammars.active[hs].any())
         biased = bool(self.biases.n_active) and bool(self.biases.active[hs].any())
-        if plan.fused and not grammar and not biased:
+        if plan.fused and not biased:
+            # Grammar rows are masked in place in the logits' own dtype (-inf is exact in
+            # bf16/fp16): the batch keeps the one-pass draw.
+            masked = self.grammars.apply(logits, hs) if grammar else None
             tokens = self._draw_fused(logits, slots, positions, plan)
             self._record(slots, hs, tokens)
+            if masked is not None:
+                self.grammars.record(masked, tokens)
             return SampleOutput(tokens)
         x = logits.to(torch.float32)
         if (grammar or biased) and x is logits:
