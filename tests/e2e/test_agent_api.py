@@ -111,15 +111,20 @@ def test_think_text_goes_to_reasoning_content(stack: Any) -> None:
     assert reasoning and "<think>" not in reasoning and "think>" not in (msg.content or "")
     assert msg.content and msg.content[0].isupper()
     assert whole.usage and whole.usage.completion_tokens_details
-    assert 0 < (whole.usage.completion_tokens_details.reasoning_tokens or 0) \
-        <= whole.usage.completion_tokens
+    thinking = whole.usage.completion_tokens_details.reasoning_tokens or 0
+    assert 0 < thinking < whole.usage.completion_tokens  # the answer's tokens are not reasoning
     streamed = {"reasoning": "", "content": ""}
+    usage = None
     for chunk in client.chat.completions.create(model="tiny", messages=USER, max_tokens=40,
-                                                seed=1, extra_body=extra, stream=True):
+                                                seed=1, extra_body=extra, stream=True,
+                                                stream_options={"include_usage": True}):
         for c in chunk.choices:
             streamed["reasoning"] += getattr(c.delta, "reasoning_content", None) or ""
             streamed["content"] += c.delta.content or ""
+        usage = chunk.usage or usage
     assert streamed == {"reasoning": reasoning, "content": msg.content}
+    assert usage and usage.completion_tokens_details
+    assert usage.completion_tokens_details.reasoning_tokens == thinking
 
 
 def test_logit_bias_bans_and_forces_a_token(stack: Any) -> None:

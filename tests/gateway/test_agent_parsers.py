@@ -86,3 +86,16 @@ def test_plain_chat_streams_leave_the_parsers_after_the_first_text() -> None:
     p.feed("\nok")
     assert p.passthrough
     assert not ChoiceParser("hermes", "qwen3").passthrough  # tool calls may come at any point
+
+
+@pytest.mark.parametrize(("pieces", "expected"), [
+    (["<", "th", "ink>", "a", "b", "</think>", "X", "Y"], 6),
+    (["<think>ab</think>XY"], 1),
+    (["Hel", "lo"], 0),
+    (["<", "b>"], 0),
+])
+def test_reasoning_tokens_are_the_chunks_that_reasoned(pieces: list[str], expected: int) -> None:
+    p = ChoiceParser("", "qwen3")
+    for i, piece in enumerate(pieces):
+        p.feed(piece, 1, final=i == len(pieces) - 1)
+    assert p.reasoning_tokens == expected

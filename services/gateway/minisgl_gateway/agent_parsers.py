@@ -59,6 +59,7 @@ class ReasoningSplitter:
 
     def __init__(self, start_in_reasoning: bool = False) -> None:
         self.state = "reason" if start_in_reasoning else "start"  # start | reason | content
+        self.entered = start_in_reasoning  # reasoning was seen
         self._buf = ""
         self._strip = False
 
@@ -80,6 +81,7 @@ class ReasoningSplitter:
             if stripped.startswith("<think>"):
                 buf = stripped[len("<think>"):]
                 self.state = "reason"
+                self.entered = True
             elif not final and "<think>".startswith(stripped):
                 self._buf = buf  # too early to tell
                 return "", ""
@@ -310,14 +312,21 @@ class ChoiceParser:
             if reasoning_syntax else None
         self.tools = ToolCallSplitter(tool_syntax) if tool_syntax else None
         self.reasoning_tokens = 0
+        self._undecided_tokens = 0
 
     def feed(self, text: str, num_tokens: int = 0, final: bool = False) -> Delta:
         reasoning, content = "", text
-        if self.reason is not None:
-            was = self.reason.reasoning or self.reason.state == "start"
-            reasoning, content = self.reason.feed(text, final)
-            if was and (reasoning or self.reason.reasoning):
-                self.reasoning_tokens += num_tokens
+        r = self.reason
+        if r is not None:
+            before = r.state
+            reasoning, content = r.feed(text, final)
+            if before == "content":
+                pass
+            elif r.entered:  # a chunk that reasoned (the one with </think> included)
+                self.reasoning_tokens += self._undecided_tokens + num_tokens
+                self._undecided_tokens = 0
+            elif r.state == "start":
+                self._undecided_tokens += num_tokens  # maybe the first pieces of <think>
         tools: list[ToolDelta] = []
         if self.tools is not None and (content or final):
             content, tools = self.tools.feed(content, final)

@@ -179,7 +179,7 @@ class GenerationResponse(Response):
 
     async def _whole(self, gen: Generation, send: Send) -> None:
         fmt = await self._formatter()
-        choices = await gen.collect()
+        choices = await gen.collect(fmt.observe)
         body = fmt.response(choices, gen.usage(), self.job.sampling.logprobs)
         await self._send_json(send, 200, body)
 

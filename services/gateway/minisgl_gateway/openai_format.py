@@ -57,7 +57,8 @@ class Formatter:
         self.id = new_id(kind)
         self.created = int(time.time())
         self._offsets: dict[int, int] = {}  # completions text_offset per choice (streaming)
-        self._offsets_echoed: set[int] = set()
+        self._echoed_choices: set[int] = set()
+        self._whole: dict[int, Delta] = {}  # unary answers parsed chunk by chunk (observe)
         self._templates: dict[bool, tuple[str, str, str]] = {}  # include_usage -> text chunk
 
     def _head(self, obj: str) -> dict[str, Any]:
@@ -120,28 +121,39 @@ class Formatter:
 
     def _echoed(self, c: ChoiceChunk) -> None:
         """Completions echo: the prompt's text before the choice's first text."""
-        if self._echo is not None and c.index not in self._offsets_echoed:
-            self._offsets_echoed.add(c.index)
+        if self._echo is not None and c.index not in self._echoed_choices:
+            self._echoed_choices.add(c.index)
             c.text = self._echo[c.index] + c.text
 
     @staticmethod
-    def _call_json(k: int, call: ToolCall) -> dict[str, Any]:
+    def _call_json(call: ToolCall) -> dict[str, Any]:
         return {"id": call.id, "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments}}
+
+    def observe(self, c: ChoiceChunk) -> None:
+        """A unary answer's chunks as they come (`Generation.collect`): parsed one by one, so
+        reasoning tokens are counted per chunk as in a stream."""
+        if self.kind != "chat" or not self.parsing:
+            return
+        d = self._parse(c)
+        whole = self._whole.setdefault(c.index, Delta())
+        whole.reasoning += d.reasoning
+        whole.content += d.content
+        whole.tools += d.tools
 
     def response(self, choices: list[ChoiceChunk], usage: Usage, logprobs: bool) -> dict[str, Any]:
         out = []
         for c in choices:
             item: dict[str, Any] = {"index": c.index}
             if self.kind == "chat" and self.parsing:
-                d = self._parse(c)
+                d = self._whole.get(c.index) or self._parse(c)
                 message: dict[str, Any] = {"role": "assistant",
                                            "content": d.content if d.content or not d.calls
                                            else None}
                 if self._syntax[1]:
                     message["reasoning_content"] = d.reasoning or None
                 if d.calls:
-                    message["tool_calls"] = [self._call_json(k, t) for k, t in enumerate(d.calls)]
+                    message["tool_calls"] = [self._call_json(t) for t in d.calls]
                 item["message"] = message
             elif self.kind == "chat":
                 item["message"] = {"role": "assistant", "content": c.text}
