@@ -234,6 +234,9 @@ def chat_job(body: ChatBody) -> Job:
     job.reasoning_parser = reasoning
     if body.tools and choice != "none":
         job.tool_parser = tool_syntax
+        if tool_syntax == "mistral" and body.skip_special_tokens is None:
+            # [TOOL_CALLS] is a special token in Mistral vocabularies: keep it in the text.
+            job.stop.skip_special_tokens = False
     _logit_bias(body, job.sampling)
     grammar = structured.from_response_format(body.response_format)
     if grammar is not None:
