@@ -80,8 +80,11 @@ CASES = [
     Case("presence_penalty range", COMP, body=comp(presence_penalty=9), param="presence_penalty"),
     Case("min_tokens over max_tokens", COMP, body=comp(min_tokens=9, max_tokens=2),
          param="min_tokens"),
-    Case("logit_bias unsupported", CHAT, body=chat(logit_bias={"5": 3}), param="logit_bias"),
-    Case("echo unsupported", COMP, body=comp(echo=True), param="echo"),
+    Case("logit_bias out of range", CHAT, body=chat(logit_bias={"5": 300}), param="logit_bias"),
+    Case("echo with prompt logprobs", COMP, body=comp(echo=True, logprobs=1), param="echo"),
+    Case("invalid json schema", CHAT, body=chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}),
+        param="response_format"),
     Case("empty prompt list", COMP, body=comp(prompt=[]), param="prompt"),
     Case("mixed prompt list", COMP, body=comp(prompt=[1, "a"]), param="prompt"),
     Case("token id out of vocab", COMP, body=comp(prompt=[2**30]), param="prompt"),

@@ -7,7 +7,7 @@ scheduler <-> worker. Unset optional proto fields take the defaults documented i
 from __future__ import annotations
 
 from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2
-from minisgl_core.sampling import InvalidParams, SamplingParams
+from minisgl_core.sampling import GrammarSpec, InvalidParams, SamplingParams
 from minisgl_core.step import ReqPlan, StepOutput, StepPlan, TopLogprobs, WorkerInfo
 
 
@@ -29,7 +29,22 @@ def sampling_from_proto(m: common_pb2.SamplingParams,
         stop_token_ids=list(m.stop_token_ids),
         logprobs=m.logprobs,
         top_logprobs=m.top_logprobs,
+        grammar=grammar_from_proto(m.grammar) if m.HasField("grammar") else None,
+        logit_bias=dict(m.logit_bias),
     )
+
+
+def grammar_from_proto(g: common_pb2.Grammar) -> GrammarSpec | None:
+    kind = g.WhichOneof("spec")
+    if kind is None or (kind == "json_object" and not g.json_object):
+        return None
+    return GrammarSpec(kind, "" if kind == "json_object" else getattr(g, kind))
+
+
+def grammar_to_proto(spec: GrammarSpec) -> common_pb2.Grammar:
+    if spec.kind == "json_object":
+        return common_pb2.Grammar(json_object=True)
+    return common_pb2.Grammar(**{spec.kind: spec.spec})
 
 
 def sampling_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
@@ -42,6 +57,10 @@ def sampling_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
     )
     if p.seed is not None:
         m.seed = p.seed
+    if p.grammar is not None:
+        m.grammar.CopyFrom(grammar_to_proto(p.grammar))
+    if p.logit_bias:
+        m.logit_bias.update(p.logit_bias)
     return m
 
 

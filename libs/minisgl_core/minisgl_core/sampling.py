@@ -12,6 +12,18 @@ class InvalidParams(ValueError):
     """A request parameter is out of range; the message is safe to show to the client."""
 
 
+GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "lark")
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """What the output must match (`minisgl.v1.Grammar`): `kind` is one of GRAMMAR_KINDS, `spec`
+    its text ("" for json_object). Hashable: the worker caches compiled grammars by it."""
+
+    kind: str
+    spec: str = ""
+
+
 @dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0  # 0 => greedy
@@ -28,6 +40,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives returned per position when logprobs is on
+    grammar: GrammarSpec | None = None  # constrained decoding (structured outputs, tool calls)
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     @property
     def greedy(self) -> bool:
@@ -57,6 +71,10 @@ class SamplingParams:
                 f"top_logprobs must be in [0, {max_top_logprobs}]",
             ),
             (self.seed is None or 0 <= self.seed < 2**63, "seed must be in [0, 2**63)"),
+            (all(-100.0 <= v <= 100.0 for v in self.logit_bias.values()),
+             "logit_bias values must be in [-100, 100]"),
+            (self.grammar is None or self.grammar.kind in GRAMMAR_KINDS,
+             f"grammar kind must be one of {GRAMMAR_KINDS}"),
         ]
         for ok, message in checks:
             if not ok:

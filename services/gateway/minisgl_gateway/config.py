@@ -36,6 +36,8 @@ class GatewayConfig:
     detokenizer: str = f"127.0.0.1:{DEFAULT_PORTS['detokenizer']}"
     scheduler: str = f"127.0.0.1:{DEFAULT_PORTS['scheduler']}"
     model_name: str = ""  # empty: the tokenizer's model name
+    tool_call_parser: str = "auto"  # hermes | llama3 | mistral | auto (by model name)
+    reasoning_parser: str = "auto"  # qwen3 | deepseek_r1 | none | auto (by model name)
     api_keys: list[str] = field(default_factory=list)  # empty: no authentication
     tls_cert: str = ""
     tls_key: str = ""
@@ -64,6 +66,12 @@ def _parser() -> ServiceArgs:
     args.add("--detokenizer", d.detokenizer, "detokenizer service address")
     args.add("--scheduler", d.scheduler, "scheduler service address")
     args.add("--model-name", d.model_name, "served model id (default: the tokenizer's model name)")
+    args.add("--tool-call-parser", d.tool_call_parser, "tool-call syntax of the model: hermes "
+             "(Qwen2.5/3), llama3, mistral; auto picks by model name",
+             choices=["auto", "hermes", "llama3", "mistral"])
+    args.add("--reasoning-parser", d.reasoning_parser, "reasoning syntax: qwen3 (<think>..."
+             "</think>), deepseek_r1 (only </think> generated), none; auto picks by model name",
+             choices=["auto", "qwen3", "deepseek_r1", "none"])
     args.add("--log-level", os.environ.get("MINISGL_LOG_LEVEL", d.log_level), "log level",
              choices=["debug", "info", "warning", "error"])
     args.parser.add_argument(

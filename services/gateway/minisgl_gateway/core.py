@@ -117,6 +117,15 @@ class Gateway:
                 await asyncio.sleep(0.2)
         log.info("serving model %s (context %d, vocab %d)", self.info.name,
                  self.info.max_model_len, self.info.vocab_size)
+        from minisgl_gateway import openai_schema
+        from minisgl_gateway.agent_parsers import default_parsers
+
+        tools, reasoning = default_parsers(self.info.name)
+        cfg = self.config
+        openai_schema.FORMATS = (
+            tools if cfg.tool_call_parser == "auto" else cfg.tool_call_parser,
+            reasoning if cfg.reasoning_parser == "auto" else
+            ("" if cfg.reasoning_parser == "none" else cfg.reasoning_parser))
 
     async def close(self) -> None:
         await self.pipeline.close()
@@ -220,6 +229,30 @@ class Gateway:
             raise ApiError(502, "DecodeTokens answered with the wrong number of texts",
                            code="upstream_error")
         return dict(zip(unique, reply.texts, strict=True))
+
+    async def tokenize_items(self, items: list[tokenizer_pb2.TokenizeItem]
+                             ) -> list[tokenizer_pb2.TokenizeResult]:
+        """/tokenize: results as they come (errors included), no generation limits."""
+        request = tokenizer_pb2.TokenizeRequest(items=items,
+                                                max_prompt_tokens=self.info.max_model_len)
+        try:
+            reply = await self._tokenizer.Tokenize(request, timeout=self.config.upstream_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error("tokenizer", exc, self.limits.retry_after_s) from None
+        return list(reply.results)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        """The ids as one text (special tokens kept)."""
+        try:
+            reply = await self._tokenizer.DecodeTokens(
+                tokenizer_pb2.DecodeTokensRequest(token_ids=ids, join=True),
+                timeout=self.config.upstream_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error("tokenizer", exc, self.limits.retry_after_s) from None
+        if len(reply.texts) != 1:
+            raise ApiError(502, "DecodeTokens(join) answered with the wrong number of texts",
+                           code="upstream_error")
+        return reply.texts[0]
 
     async def upstream_health(self) -> dict[str, bool]:
         async def check(channel: grpc.aio.Channel) -> bool:

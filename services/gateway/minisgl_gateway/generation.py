@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -113,12 +113,16 @@ class Generation:
                 strings = await self.gateway.token_strings(ids)
             yield self._merge(events, strings)
 
-    async def collect(self) -> list[ChoiceChunk]:
-        """The whole answer: one chunk per choice."""
+    async def collect(self, observe: Callable[[ChoiceChunk], None] | None = None
+                      ) -> list[ChoiceChunk]:
+        """The whole answer: one chunk per choice. `observe` sees every chunk as it comes (output
+        parsers count reasoning tokens per chunk)."""
         whole = [ChoiceChunk(index=i) for i in range(self.num_choices)]
         ids: list[list[int]] = [[] for _ in whole]
         async for chunks in self.chunks():
             for c in chunks:
+                if observe is not None:
+                    observe(c)
                 w = whole[c.index]
                 w.text += c.text
                 ids[c.index] += c.token_ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -23,7 +24,8 @@ from minisgl_core.proto.minisgl.v1 import (
     tokenizer_pb2,
 )
 
-from minisgl_gateway import metrics
+from minisgl_gateway import metrics, openai_schema, structured
+from minisgl_gateway.agent_parsers import ChoiceParser
 from minisgl_gateway.core import Gateway
 from minisgl_gateway.errors import ApiError, invalid
 from minisgl_gateway.generation import ChoiceChunk, Generation, Usage
@@ -98,7 +100,8 @@ def generate_job(request: generation_pb2.GenerateRequest) -> Job:
     return Job(kind="completion", model=request.model, prompts=[item],
                sampling=request.sampling, stop=request.stop, n=request.n or 1,
                max_tokens_default="server", prompt_param="prompt",
-               request_id=request.request_id)
+               request_id=request.request_id, user=request.user, echo=request.echo,
+               grammar_param="sampling.grammar")
 
 
 def chat_job(request: generation_pb2.ChatRequest) -> Job:
@@ -114,11 +117,82 @@ def chat_job(request: generation_pb2.ChatRequest) -> Job:
         if msg.role == "developer":
             msg.role = "system"
         messages.append(msg)
-    chat = tokenizer_pb2.ChatInput(messages=messages, tools_json=request.tools_json)
-    return Job(kind="chat", model=request.model, prompts=[tokenizer_pb2.TokenizeItem(chat=chat)],
-               sampling=request.sampling, stop=request.stop, n=request.n or 1,
-               max_tokens_default="server", prompt_param="messages",
-               request_id=request.request_id)
+    choice = request.tool_choice or "auto"
+    tools = _tools(request.tools_json)
+    chat = tokenizer_pb2.ChatInput(messages=messages, tools_json=request.tools_json
+                                   if choice != "none" else "",
+                                   chat_template_kwargs_json=request.chat_template_kwargs_json)
+    job = Job(kind="chat", model=request.model, prompts=[tokenizer_pb2.TokenizeItem(chat=chat)],
+              sampling=request.sampling, stop=request.stop, n=request.n or 1,
+              max_tokens_default="server", prompt_param="messages",
+              request_id=request.request_id, user=request.user,
+              grammar_param="sampling.grammar")
+    tool_syntax, job.reasoning_parser = openai_schema.FORMATS
+    if tools and choice != "none":
+        job.tool_parser = tool_syntax
+    if choice not in ("none", "auto"):
+        names = structured.tool_names(tools)
+        if choice != "required" and choice not in names:
+            raise invalid(f"tool_choice names {choice!r}, which is not in tools_json",
+                          param="tool_choice")
+        if not tools:
+            raise invalid("tool_choice 'required' needs tools_json", param="tool_choice")
+        if request.sampling.HasField("grammar"):
+            raise invalid("tool_choice cannot be combined with sampling.grammar",
+                          param="tool_choice")
+        job.sampling = common_pb2.SamplingParams()
+        job.sampling.CopyFrom(request.sampling)
+        job.sampling.grammar.CopyFrom(structured.tool_grammar(
+            tools, None if choice == "required" else choice, choice == "required", tool_syntax))
+        job.grammar_param = "tool_choice"
+    return job
+
+
+def _tools(tools_json: str) -> list[Any]:
+    if not tools_json:
+        return []
+    try:
+        tools = json.loads(tools_json)
+    except ValueError as exc:
+        raise invalid(f"tools_json is not valid JSON: {exc}", param="tools_json") from None
+    if not isinstance(tools, list):
+        raise invalid("tools_json must be a JSON array", param="tools_json")
+    return tools
+
+
+class _Output:
+    """Per response: the parsers of each choice (chat) and the echo prefixes (completions)."""
+
+    def __init__(self, job: Job, echo: list[str] | None) -> None:
+        self.syntax = (job.tool_parser, job.reasoning_parser)
+        self.parsers: dict[int, ChoiceParser] = {}
+        self.echo = echo
+        self.echoed: set[int] = set()
+
+    def fill(self, choice: generation_pb2.Choice, chunk: ChoiceChunk, whole: bool = False
+             ) -> None:
+        """`whole`: a unary answer (tool calls complete, not as deltas)."""
+        if self.echo is not None and chunk.index not in self.echoed:
+            self.echoed.add(chunk.index)
+            chunk.text = self.echo[chunk.index] + chunk.text
+        if not any(self.syntax):
+            _fill_choice(choice, chunk)
+            return
+        parser = self.parsers.get(chunk.index)
+        if parser is None:
+            parser = self.parsers[chunk.index] = ChoiceParser(*self.syntax)
+        d = parser.feed(chunk.text, len(chunk.token_ids), final=chunk.finish_reason is not None)
+        chunk.text = d.content
+        _fill_choice(choice, chunk)
+        if d.reasoning:
+            choice.reasoning_content = d.reasoning
+        if whole:
+            for k, call in enumerate(d.calls):
+                choice.tool_calls.add(index=k, id=call.id, name=call.name,
+                                      arguments=call.arguments)
+            return
+        for t in d.tools:
+            choice.tool_calls.add(index=t.index, id=t.id, name=t.name, arguments=t.arguments)
 
 
 def _fill_choice(choice: generation_pb2.Choice, chunk: ChoiceChunk) -> None:
@@ -163,6 +237,13 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         trailers = (("retry-after", str(err.retry_after)),) if err.retry_after is not None else ()
         await context.abort(err.grpc_code, err.message, trailing_metadata=trailers)
 
+    async def _echo(self, job: Job) -> list[str] | None:
+        if not job.echo:
+            return None
+        texts = [p.text if p.HasField("text") else
+                 await self.gateway.detokenize(list(p.token_ids.ids)) for p in job.prompts]
+        return [texts[i // job.n] for i in range(job.num_choices)]
+
     def _response(self, job: Job, request_id: str) -> generation_pb2.GenerateResponse:
         return generation_pb2.GenerateResponse(request_id=request_id,
                                                model=self.gateway.info.name)
@@ -199,8 +280,9 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                 await gen.start()
                 choices = await gen.collect()
                 reply = self._response(job, job.request_id or secrets.token_hex(12))
+                out = _Output(job, await self._echo(job))
                 for c in choices:
-                    _fill_choice(reply.choices.add(), c)
+                    out.fill(reply.choices.add(), c, whole=True)
                 reply.usage.CopyFrom(_usage(gen.usage()))
         return reply
 
@@ -215,6 +297,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                 await gen.start()
                 finished, num_choices = 0, gen.num_choices
                 head = self._response(job, request_id)
+                out = _Output(job, await self._echo(job))
                 async for chunks in gen.chunks():
                     chunks = [c for c in chunks if c.text or c.token_ids or c.finish_reason]
                     if not chunks:
@@ -224,7 +307,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                     reply.CopyFrom(head)
                     add = reply.choices.add
                     for c in chunks:
-                        _fill_choice(add(), c)
+                        out.fill(add(), c)
                     if finished == num_choices:  # usage rides on the last message
                         reply.usage.CopyFrom(_usage(gen.usage()))
                     yield reply

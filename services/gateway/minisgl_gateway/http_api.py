@@ -27,6 +27,7 @@ from minisgl_gateway.generation import Generation
 from minisgl_gateway.job import Job
 from minisgl_gateway.openai_format import DONE, Formatter, error_event, model_card
 from minisgl_gateway.openai_schema import context_body_limit, parse_request
+from minisgl_gateway.token_routes import add_token_routes
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +167,26 @@ class GenerationResponse(Response):
         await send({"type": "http.response.body", "body": error_event(err) + DONE,
                     "more_body": False})
 
+    async def _formatter(self) -> Formatter:
+        job = self.job
+        echo = None
+        if job.echo:
+            texts = [p.text if p.HasField("text") else
+                     await self.gateway.detokenize(list(p.token_ids.ids)) for p in job.prompts]
+            echo = [texts[i // job.n] for i in range(job.num_choices)]
+        return Formatter(job.kind, self.gateway.info.name, job.tool_parser,
+                         job.reasoning_parser, echo)
+
     async def _whole(self, gen: Generation, send: Send) -> None:
-        fmt = Formatter(self.job.kind, self.gateway.info.name)
-        choices = await gen.collect()
+        fmt = await self._formatter()
+        choices = await gen.collect(fmt.observe)
         body = fmt.response(choices, gen.usage(), self.job.sampling.logprobs)
         await self._send_json(send, 200, body)
 
     async def _stream(self, gen: Generation, send: Send, body_send: Send) -> None:
-        fmt = Formatter(self.job.kind, self.gateway.info.name)
+        fmt = await self._formatter()
+        if self.job.continuous_usage:
+            fmt.usage_now = gen.usage
         logprobs, include_usage = self.job.sampling.logprobs, self.include_usage
         chunks = gen.chunks()
         first = await anext(chunks)  # an early failure still gets a proper status
@@ -271,6 +284,8 @@ def create_app(gateway: Gateway) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> GenerationResponse:
         return await generate(request, "completion")
+
+    add_token_routes(app, gateway)
 
     return app
 

@@ -34,6 +34,12 @@ class Job:
     max_tokens_default: MaxTokensDefault = "server"
     prompt_param: str = "prompt"  # the field a prompt error points at
     request_id: str = ""
+    user: str = ""  # OpenAI's end-user id: routing and logs
+    echo: bool = False  # completions: each choice starts with its prompt's text
+    tool_parser: str = ""  # output parsers (agent_parsers); "" = off
+    reasoning_parser: str = ""
+    grammar_param: str = ""  # the request field the grammar came from (errors name it)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
 
     @property
     def num_choices(self) -> int:
@@ -102,6 +108,17 @@ def check_job(job: Job, limits: Limits, max_model_len: int, vocab_size: int) -> 
         raise invalid(f"stop_token_ids must be in [0, {vocab_size})", param="stop_token_ids")
     if len(sp.stop_token_ids) > limits.max_stop * 4:
         raise invalid(f"at most {limits.max_stop * 4} stop_token_ids", param="stop_token_ids")
+    bad = [t for t in sp.logit_bias if not 0 <= t < vocab_size]
+    if bad:
+        raise invalid(f"logit_bias token ids must be in [0, {vocab_size}) (got {bad[0]})",
+                      param="logit_bias")
+    if sp.HasField("grammar"):
+        if sp.ignore_eos or sp.min_tokens:
+            raise invalid("ignore_eos and min_tokens cannot be combined with a grammar (the "
+                          "grammar ends the output)", param=job.grammar_param)
+        from minisgl_gateway.structured import validate
+
+        validate(sp.grammar, job.grammar_param)
     if len(job.stop.stop) > limits.max_stop:
         raise invalid(f"at most {limits.max_stop} stop strings", param="stop")
     for s in job.stop.stop:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) does to a str
 from typing import Any
 
+from minisgl_gateway.agent_parsers import ChoiceParser, Delta, ToolCall
 from minisgl_gateway.errors import ApiError
 from minisgl_gateway.generation import ChoiceChunk, TokenLogprob, Usage
 
@@ -25,10 +27,13 @@ def sse(payload: Any) -> bytes:
 DONE = sse("[DONE]")
 
 
-def usage_body(usage: Usage) -> dict[str, Any]:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+def usage_body(usage: Usage, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    body = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens,
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
 
 
 def error_event(error: ApiError) -> bytes:
@@ -38,12 +43,22 @@ def error_event(error: ApiError) -> bytes:
 class Formatter:
     """One per response: fixed id, creation time and model name."""
 
-    def __init__(self, kind: str, model: str) -> None:
+    def __init__(self, kind: str, model: str, tool_parser: str = "", reasoning_parser: str = "",
+                 echo: list[str] | None = None) -> None:
+        """Chat answers go through the tool-call / reasoning parsers named (agent_parsers);
+        `echo`: completions, the text each choice starts with."""
         self.kind = kind
         self.model = model
+        self._syntax = (tool_parser, reasoning_parser) if kind == "chat" else ("", "")
+        self._parsers: dict[int, ChoiceParser] = {}
+        self._echo = echo
+        # stream_options.continuous_usage_stats: the usage so far, in every chunk.
+        self.usage_now: Callable[[], Usage] | None = None
         self.id = new_id(kind)
         self.created = int(time.time())
         self._offsets: dict[int, int] = {}  # completions text_offset per choice (streaming)
+        self._echoed_choices: set[int] = set()
+        self._whole: dict[int, Delta] = {}  # unary answers parsed chunk by chunk (observe)
         self._templates: dict[bool, tuple[str, str, str]] = {}  # include_usage -> text chunk
 
     def _head(self, obj: str) -> dict[str, Any]:
@@ -83,27 +98,84 @@ class Formatter:
 
     # -- whole answers -----------------------------------------------------------------------
 
+    @property
+    def parsing(self) -> bool:
+        return any(self._syntax)
+
+    def _parse(self, c: ChoiceChunk) -> Delta:
+        parser = self._parsers.get(c.index)
+        if parser is None:
+            parser = self._parsers[c.index] = ChoiceParser(*self._syntax)
+        return parser.feed(c.text, len(c.token_ids), final=c.finish_reason is not None)
+
+    def _finish(self, c: ChoiceChunk) -> str | None:
+        parser = self._parsers.get(c.index)
+        if c.finish_reason == "stop" and parser is not None and parser.made_calls:
+            return "tool_calls"
+        return c.finish_reason
+
+    def reasoning_tokens(self) -> int | None:
+        if not self._syntax[1]:
+            return None
+        return sum(p.reasoning_tokens for p in self._parsers.values())
+
+    def _echoed(self, c: ChoiceChunk) -> None:
+        """Completions echo: the prompt's text before the choice's first text."""
+        if self._echo is not None and c.index not in self._echoed_choices:
+            self._echoed_choices.add(c.index)
+            c.text = self._echo[c.index] + c.text
+
+    @staticmethod
+    def _call_json(call: ToolCall) -> dict[str, Any]:
+        return {"id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}}
+
+    def observe(self, c: ChoiceChunk) -> None:
+        """A unary answer's chunks as they come (`Generation.collect`): parsed one by one, so
+        reasoning tokens are counted per chunk as in a stream."""
+        if self.kind != "chat" or not self.parsing:
+            return
+        d = self._parse(c)
+        whole = self._whole.setdefault(c.index, Delta())
+        whole.reasoning += d.reasoning
+        whole.content += d.content
+        whole.tools += d.tools
+
     def response(self, choices: list[ChoiceChunk], usage: Usage, logprobs: bool) -> dict[str, Any]:
         out = []
         for c in choices:
             item: dict[str, Any] = {"index": c.index}
-            if self.kind == "chat":
+            if self.kind == "chat" and self.parsing:
+                d = self._whole.get(c.index) or self._parse(c)
+                message: dict[str, Any] = {"role": "assistant",
+                                           "content": d.content if d.content or not d.calls
+                                           else None}
+                if self._syntax[1]:
+                    message["reasoning_content"] = d.reasoning or None
+                if d.calls:
+                    message["tool_calls"] = [self._call_json(t) for t in d.calls]
+                item["message"] = message
+            elif self.kind == "chat":
                 item["message"] = {"role": "assistant", "content": c.text}
             else:
+                self._echoed(c)
                 item["text"] = c.text
             item["logprobs"] = self._logprobs(c, logprobs)
-            item["finish_reason"] = c.finish_reason
+            item["finish_reason"] = self._finish(c)
             item["stop_reason"] = c.matched_stop or None
             out.append(item)
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
-        return {**self._head(obj), "choices": out, "usage": usage_body(usage)}
+        return {**self._head(obj), "choices": out,
+                "usage": usage_body(usage, self.reasoning_tokens())}
 
     # -- streams -----------------------------------------------------------------------------
 
     def _chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> bytes:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         body = {**self._head(obj), "choices": choices}
-        if include_usage:
+        if self.usage_now is not None:
+            body["usage"] = usage_body(self.usage_now(), self.reasoning_tokens())
+        elif include_usage:
             body["usage"] = None
         return sse(body)
 
@@ -117,9 +189,15 @@ class Formatter:
                       include_usage: bool) -> list[bytes]:
         out = []
         for c in chunks:
+            if self.kind == "chat" and self.parsing:
+                parser = self._parsers.get(c.index)
+                if parser is None or not parser.passthrough:
+                    out += self._parsed_chunks(c, logprobs, include_usage)
+                    continue
+            self._echoed(c)
             if not c.text and not c.finish_reason and not c.logprobs:
                 continue  # nothing visible yet (e.g. half a UTF-8 character)
-            if not c.finish_reason and not logprobs:  # a plain text delta: most chunks
+            if not c.finish_reason and not logprobs and self.usage_now is None:  # most chunks
                 head, mid, tail = self._templates.get(include_usage) or self._template(
                     include_usage)
                 out.append(f"{head}{c.index}{mid}{encode_basestring(c.text)}{tail}".encode())
@@ -133,6 +211,34 @@ class Formatter:
             item["finish_reason"] = c.finish_reason
             if c.finish_reason:
                 item["stop_reason"] = c.matched_stop or None
+            out.append(self._chunk([item], include_usage))
+        return out
+
+    def _parsed_chunks(self, c: ChoiceChunk, logprobs: bool, include_usage: bool) -> list[bytes]:
+        """Chat deltas through the parsers: reasoning, content, then each completed tool call
+        as a name delta and an arguments delta."""
+        d = self._parse(c)
+        deltas: list[dict[str, Any]] = []
+        if d.reasoning:
+            deltas.append({"reasoning_content": d.reasoning})
+        if d.content:
+            deltas.append({"content": d.content})
+        for t in d.tools:
+            if t.name:
+                deltas.append({"tool_calls": [{"index": t.index, "id": t.id, "type": "function",
+                                               "function": {"name": t.name, "arguments": ""}}]})
+            if t.arguments:
+                deltas.append({"tool_calls": [{"index": t.index,
+                                               "function": {"arguments": t.arguments}}]})
+        lp = self._logprobs(c, logprobs)
+        out = []
+        for i, delta in enumerate(deltas):
+            item = {"index": c.index, "delta": delta, "logprobs": lp if i == 0 else None,
+                    "finish_reason": None}
+            out.append(self._chunk([item], include_usage))
+        if c.finish_reason:
+            item = {"index": c.index, "delta": {}, "logprobs": None if deltas else lp,
+                    "finish_reason": self._finish(c), "stop_reason": c.matched_stop or None}
             out.append(self._chunk([item], include_usage))
         return out
 
@@ -151,7 +257,8 @@ class Formatter:
 
     def usage_chunk(self, usage: Usage) -> bytes:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return sse({**self._head(obj), "choices": [], "usage": usage_body(usage)})
+        return sse({**self._head(obj), "choices": [],
+                    "usage": usage_body(usage, self.reasoning_tokens())})
 
 
 def model_card(name: str, max_model_len: int, created: int) -> dict[str, Any]:

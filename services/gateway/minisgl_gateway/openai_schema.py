@@ -11,6 +11,7 @@ from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
 from minisgl_core.serving import BYTES_PER_CONTEXT_TOKEN
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from minisgl_gateway import structured
 from minisgl_gateway.errors import ApiError, invalid
 from minisgl_gateway.job import INT32_MAX, Job, require_int
 
@@ -21,6 +22,7 @@ _ROLES = {"system", "user", "assistant", "tool", "developer"}
 class StreamOptions(BaseModel):
     model_config = _STRICT
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
 
 
 class ContentPart(BaseModel):
@@ -74,6 +76,8 @@ class ChatBody(_Common):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionBody(_Common):
@@ -147,9 +151,29 @@ def _stop(body: _Common) -> common_pb2.StopConditions:
     return stop
 
 
+def _logit_bias(body: _Common, sp: common_pb2.SamplingParams) -> None:
+    for key, value in (body.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise invalid(f"logit_bias keys must be token ids (got {key!r})",
+                          param="logit_bias") from None
+        if not -100.0 <= value <= 100.0:
+            raise invalid("logit_bias values must be in [-100, 100]", param="logit_bias")
+        sp.logit_bias[require_int(token, "logit_bias")] = value
+
+
+def _extra_grammar(body: _Common, job: Job, taken: str = "") -> None:
+    grammar, key = structured.from_extra(body.model_extra or {})
+    if grammar is None:
+        return
+    if taken:
+        raise invalid(f"{key} cannot be combined with {taken}", param=key)
+    job.sampling.grammar.CopyFrom(grammar)
+    job.grammar_param = key
+
+
 def _common_checks(body: _Common) -> None:
-    if body.logit_bias:
-        raise invalid("logit_bias is not supported", param="logit_bias")
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options is only allowed when stream is true",
                       param="stream_options")
@@ -191,24 +215,73 @@ def chat_job(body: ChatBody) -> Job:
         raise invalid("messages must contain at least one message", param="messages")
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs requires logprobs to be true", param="top_logprobs")
-    fmt = (body.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise invalid(f"response_format {fmt!r} is not supported (only 'text')",
-                      param="response_format")
-    if body.tool_choice not in (None, "none", "auto"):
-        raise invalid("tool_choice must be 'none' or 'auto'", param="tool_choice")
     chat = tokenizer_pb2.ChatInput(messages=[_message(i, m) for i, m in enumerate(body.messages)])
-    if body.tools and body.tool_choice != "none":
+    choice = _tool_choice(body)
+    if body.tools and choice != "none":
         chat.tools_json = json.dumps(body.tools)
+    if body.chat_template_kwargs:
+        chat.chat_template_kwargs_json = json.dumps(body.chat_template_kwargs)
     top = require_int(body.top_logprobs or 0, "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None \
         else body.max_tokens
-    return Job(
+    job = Job(
         kind="chat", model=body.model or "", prompts=[tokenizer_pb2.TokenizeItem(chat=chat)],
         sampling=_sampling(body, bool(body.logprobs), top, max_tokens), stop=_stop(body),
         n=body.n if body.n is not None else 1, max_tokens_default="context",
-        prompt_param="messages",
+        prompt_param="messages", user=body.user or "",
     )
+    tool_syntax, reasoning = FORMATS
+    job.reasoning_parser = reasoning
+    if body.tools and choice != "none":
+        job.tool_parser = tool_syntax
+        if tool_syntax == "mistral" and body.skip_special_tokens is None:
+            # [TOOL_CALLS] is a special token in Mistral vocabularies: keep it in the text.
+            job.stop.skip_special_tokens = False
+    _logit_bias(body, job.sampling)
+    grammar = structured.from_response_format(body.response_format)
+    if grammar is not None:
+        job.sampling.grammar.CopyFrom(grammar)
+        job.grammar_param = "response_format"
+    if choice not in ("none", "auto"):
+        if grammar is not None:
+            raise invalid("tool_choice 'required' or a named function cannot be combined with "
+                          "response_format", param="tool_choice")
+        only = None if choice == "required" else choice
+        parallel = body.parallel_tool_calls is not False and only is None
+        job.sampling.grammar.CopyFrom(structured.tool_grammar(body.tools or [], only, parallel,
+                                                              tool_syntax))
+        job.grammar_param = "tool_choice"
+    _extra_grammar(body, job, job.grammar_param)
+    return job
+
+
+# (tool-call parser, reasoning parser) of the served model; the gateway sets it at start-up.
+FORMATS: tuple[str, str] = ("hermes", "qwen3")
+
+
+def _tool_choice(body: ChatBody) -> str:
+    """"none", "auto", "required" or the name of the function that must be called."""
+    choice = body.tool_choice
+    if choice is None:
+        return "auto" if body.tools else "none"
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise invalid("tool_choice must be 'none', 'auto', 'required' or "
+                          "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+        if name not in structured.tool_names(body.tools or []):
+            raise invalid(f"tool_choice names function {name!r}, which is not in tools",
+                          param="tool_choice")
+        return name
+    if choice not in ("none", "auto", "required"):
+        raise invalid("tool_choice must be 'none', 'auto', 'required' or a named function",
+                      param="tool_choice")
+    if choice == "required" and not body.tools:
+        raise invalid("tool_choice 'required' needs tools", param="tool_choice")
+    if body.tools:
+        structured.tool_names(body.tools)  # shape check
+    return choice
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]
@@ -233,8 +306,10 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]]
 
 def completion_job(body: CompletionBody) -> Job:
     _common_checks(body)
-    if body.echo:
-        raise invalid("echo=true is not supported", param="echo")
+    if body.echo and body.logprobs is not None:
+        raise invalid("echo with logprobs (prompt logprobs) is not supported", param="echo")
+    if (body.model_extra or {}).get("prompt_logprobs") is not None:
+        raise invalid("prompt_logprobs is not supported", param="prompt_logprobs")
     if body.suffix:
         raise invalid("suffix is not supported", param="suffix")
     n = body.n if body.n is not None else 1
@@ -243,11 +318,15 @@ def completion_job(body: CompletionBody) -> Job:
     top = 0
     if body.logprobs is not None:
         top = require_int(body.logprobs, "logprobs")
-    return Job(
+    job = Job(
         kind="completion", model=body.model or "", prompts=_prompts(body.prompt),
         sampling=_sampling(body, body.logprobs is not None, top, body.max_tokens),
         stop=_stop(body), n=n, max_tokens_default=16, prompt_param="prompt",
+        user=body.user or "", echo=bool(body.echo),
     )
+    _logit_bias(body, job.sampling)
+    _extra_grammar(body, job)
+    return job
 
 
 def stream_flags(body: _Common) -> tuple[bool, bool]:
@@ -318,6 +397,8 @@ def build_job(endpoint: Endpoint, payload: Any) -> tuple[Job, bool, bool, str | 
     body = parse_body(ChatBody if endpoint == "chat" else CompletionBody, payload)
     job = chat_job(body) if endpoint == "chat" else completion_job(body)
     stream, include_usage = stream_flags(body)
+    job.continuous_usage = bool(stream and body.stream_options
+                                and body.stream_options.continuous_usage_stats)
     return job, stream, include_usage, body.user
 
 

@@ -131,7 +131,12 @@ class ChatTemplates:
             f"the model has several chat templates and none is 'default': {sorted(self._compiled)}")
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True,
+               template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """`template_kwargs`: extra template variables (OpenAI-compatible servers'
+        chat_template_kwargs, e.g. enable_thinking=False); they cannot replace the ones set here."""
+        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in (
+            "messages", "tools", "documents", "add_generation_prompt", *self.special_tokens)}
         if not messages:
             raise ChatTemplateError("messages must not be empty")
         template = self.select(tools)
@@ -139,7 +144,7 @@ class ChatTemplates:
         try:
             return template.render(
                 messages=chat, tools=tools, documents=None,
-                add_generation_prompt=add_generation_prompt, **self.special_tokens,
+                add_generation_prompt=add_generation_prompt, **self.special_tokens, **kwargs,
             )
         except jinja2.exceptions.TemplateError as exc:  # raise_exception, undefined calls, ...
             raise ChatTemplateError(f"chat template: {exc}") from exc

@@ -52,6 +52,7 @@ class ChatPrompt:
     tools: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool = False  # the template writes the special tokens itself
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. enable_thinking
 
 
 Prompt = TextPrompt | TokenIdsPrompt | ChatPrompt
@@ -91,7 +92,8 @@ class PromptTokenizer:
             else:
                 try:
                     rendered = self.model.chat.render(item.messages, item.tools,
-                                                      item.add_generation_prompt)
+                                                      item.add_generation_prompt,
+                                                      item.template_kwargs)
                 except ChatTemplateError as exc:
                     results[i].error = ItemError(ErrorCode.INVALID_ARGUMENT, str(exc))
                     continue
@@ -139,3 +141,8 @@ class PromptTokenizer:
         """Each id on its own (logprob alternatives), special tokens kept; unknown ids give ""."""
         safe = [[i] if 0 <= i < 2**32 else [] for i in ids]
         return self.tokenizer.decode_batch(safe, skip_special_tokens=False)
+
+    def decode_joined(self, ids: list[int]) -> str:
+        """The ids as one text (/detokenize), special tokens kept; unknown ids are dropped."""
+        return self.tokenizer.decode([i for i in ids if 0 <= i < 2**32],
+                                     skip_special_tokens=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -46,11 +47,14 @@ def prompt_from_proto(item: tokenizer_pb2.TokenizeItem) -> Prompt | ItemError:
             messages = [message_dict(m.role, m.content, m.name, m.tool_call_id, m.tool_calls_json)
                         for m in chat.messages]
             tools = parse_tools(chat.tools_json)
+            kwargs = json.loads(chat.chat_template_kwargs_json or "{}")
+            if not isinstance(kwargs, dict):
+                raise ValueError("chat_template_kwargs must be a JSON object")
         except ValueError as exc:
             return ItemError(ErrorCode.INVALID_ARGUMENT, str(exc))
         add_gen = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
         add = item.add_special_tokens if item.HasField("add_special_tokens") else False
-        return ChatPrompt(messages, tools, add_gen, add)
+        return ChatPrompt(messages, tools, add_gen, add, kwargs)
     return ItemError(ErrorCode.INVALID_ARGUMENT, "the item has no input (text, token_ids or chat)")
 
 
@@ -106,6 +110,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     def DecodeTokens(self, request: tokenizer_pb2.DecodeTokensRequest,  # noqa: N802
                      context: grpc.ServicerContext) -> tokenizer_pb2.DecodeTokensResponse:
+        if request.join:
+            return tokenizer_pb2.DecodeTokensResponse(
+                texts=[self.prompts.decode_joined(list(request.token_ids))])
         return tokenizer_pb2.DecodeTokensResponse(
             texts=self.prompts.decode_each(list(request.token_ids)))
 

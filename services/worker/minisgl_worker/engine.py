@@ -28,6 +28,7 @@ from . import distributed as dist
 from .attention import AttentionConfig, backend_class, create_backend, describe, resolve_name
 from .batch import DeviceStep, InvalidPlan, PlanBuilder
 from .config import EngineConfig
+from .grammar import find_tokenizer
 from .kv_pool import KVPool
 from .layers.fp8 import check_supported as check_quantization
 from .loader import load_model
@@ -106,7 +107,9 @@ class Engine(StepExecutor):
             seed = dist.broadcast_object(seed if seed is not None else
                                          int(torch.randint(0, 2**62, (1,))))
         self.sampler = Sampler(config.max_slots, mc.vocab_size, self.device,
-                               eos_token_ids=mc.eos_token_ids, seed=seed)
+                               eos_token_ids=mc.eos_token_ids, seed=seed,
+                               tokenizer_path=find_tokenizer(config.model_path))
+        self.sampler.grammars.compiler.warm()
         self.builder = PlanBuilder(config.max_slots, self.max_pages_per_seq, self.num_pages,
                                    config.page_size, self.max_model_len, mc.vocab_size,
                                    self.device, dummy_page=self.pool.dummy_page)

@@ -34,6 +34,8 @@ import torch
 from minisgl_core.sampling import SamplingParams
 
 from . import sampling_kernels as ops
+from .grammar import GrammarCompiler, SlotGrammars
+from .logit_bias import SlotBiases
 
 # Columns of the float / int parameter tables.
 _TEMP, _TOP_P, _MIN_P, _REP, _PRES, _FREQ, _DRAW_TEMP = range(7)
@@ -51,9 +53,10 @@ class SampleOutput:
 class Sampler:
     def __init__(self, max_slots: int, vocab_size: int, device: torch.device,
                  eos_token_ids: Sequence[int] = (), seed: int | None = None,
-                 use_triton: bool | None = None) -> None:
+                 use_triton: bool | None = None, tokenizer_path: str | None = None) -> None:
         """`use_triton`: draw with the fused Triton kernel (default: on CUDA devices; True on CPU
-        needs TRITON_INTERPRET=1, for tests); torch ops otherwise."""
+        needs TRITON_INTERPRET=1, for tests); torch ops otherwise. `tokenizer_path`: the model's
+        tokenizer.json, which grammars (structured outputs) are compiled against."""
         self.max_slots, self.vocab_size, self.device = max_slots, vocab_size, torch.device(device)
         self.use_triton = self.device.type == "cuda" if use_triton is None else use_triton
         self.eos_token_ids = [int(t) for t in eos_token_ids]
@@ -88,6 +91,10 @@ class Sampler:
         self._count_slots: set[int] = set()  # slots whose request uses presence/frequency
         self._prompt_len: dict[int, int] = {}  # positions from here on are outputs
         self._pending_counts: dict[int, list[int]] = {}
+        # Grammar masks and logit biases: rows that use them leave the fused path (grammar.py).
+        self.grammars = SlotGrammars(max_slots, vocab_size, self.device, GrammarCompiler(
+            tokenizer_path, vocab_size, self.eos_token_ids))
+        self.biases = SlotBiases(max_slots, self.device)
 
     # -- per-request state (host side, cheap) ----------------------------------------------------
 
@@ -126,6 +133,9 @@ class Sampler:
         self._rep_slots.discard(slot)
         self._count_slots.discard(slot)
         self._prompt_len[slot] = num_prompt_tokens if num_prompt_tokens is not None else 2**62
+        self._check_ids(list(params.logit_bias), "logit_bias token ids")
+        self.biases.set_slot(slot, params.logit_bias)
+        self.grammars.set_slot(slot, params.grammar, self._prompt_len[slot])
         if params.repetition_penalty != 1.0:
             self._rep_slots.add(slot)
             if self._seen is None:
@@ -142,6 +152,8 @@ class Sampler:
         """Tokens fed to `slot` this step, the first at sequence position `start_pos`. All count
         for the repetition penalty; those past the prompt (recomputed outputs) also count for
         presence/frequency."""
+        if self.grammars.active[slot]:
+            self.grammars.observe(slot, token_ids, start_pos)
         if not token_ids or (slot not in self._rep_slots and slot not in self._count_slots):
             return
         self._check_ids(token_ids, "input token ids")
@@ -202,7 +214,8 @@ class Sampler:
         strided); slots, positions int64 [B] on the device; positions[i] is the sequence index
         of the token being sampled (the noise counter).
         `host_slots` (the same slots on the host) lets the sampler choose its processors without
-        reading `slots` back from the device; without it, CUDA slots cost one sync."""
+        reading `slots` back from the device; without it, CUDA slots cost one sync.
+        Rows with a grammar may have their disallowed logits set to -inf in place."""
         batch = logits.shape[0]
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:
             raise ValueError(f"logits must be [B, {self.vocab_size}], got {tuple(logits.shape)}")
@@ -221,13 +234,24 @@ class Sampler:
         if batch == 0:
             return SampleOutput(torch.zeros(0, dtype=torch.int64, device=logits.device))
         plan = _Plan.make(self._nf[hs], self._ni[hs], self._n_out_len_view[hs], self.vocab_size)
-        if plan.fused:
+        grammar = bool(self.grammars.n_active) and bool(self.grammars.active[hs].any())
+        biased = bool(self.biases.n_active) and bool(self.biases.active[hs].any())
+        if plan.fused and not biased:
+            # Grammar rows are masked in place in the logits' own dtype (-inf is exact in
+            # bf16/fp16): the batch keeps the one-pass draw.
+            masked = self.grammars.apply(logits, hs) if grammar else None
             tokens = self._draw_fused(logits, slots, positions, plan)
             self._record(slots, hs, tokens)
+            if masked is not None:
+                self.grammars.record(masked, tokens)
             return SampleOutput(tokens)
         x = logits.to(torch.float32)
+        if (grammar or biased) and x is logits:
+            x = x.clone()  # masked in place below: never write into the caller's logits
         df, di = self._df[slots], self._di[slots]
         raw_logprobs = x.log_softmax(dim=1) if plan.logprobs else None
+        if biased:
+            self.biases.apply(x, hs)
 
         if plan.repetition:
             assert self._seen is not None
@@ -238,6 +262,7 @@ class Sampler:
         if plan.min_tokens:
             active = self._d_out_len[slots] < di[:, _MIN_TOKENS]
             x = ops.mask_stop_tokens(x, self._d_stop[slots], active)
+        grammar_rows = self.grammars.apply(x, hs) if grammar else None
 
         if plan.all_greedy:
             tokens = x.argmax(dim=1)
@@ -259,6 +284,8 @@ class Sampler:
                 tokens = torch.where(greedy, greedy_tokens, tokens)
 
         self._record(slots, hs, tokens)
+        if grammar_rows is not None:
+            self.grammars.record(grammar_rows, tokens)
         out = SampleOutput(tokens)
         if raw_logprobs is not None:
             out.logprobs = raw_logprobs.gather(1, tokens[:, None]).squeeze(1)

@@ -15,29 +15,35 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17minisgl/v1/common.proto\x12\nminisgl.v1\"\xfb\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\x12\n\nmax_tokens\x18\t \x01(\x05\x12\x12\n\nmin_tokens\x18\n \x01(\x05\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\x10\n\x08logprobs\x18\r \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x0e \x01(\x05\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\xca\x01\n\x0eStopConditions\x12\x0c\n\x04stop\x18\x01 \x03(\t\x12\"\n\x1ainclude_stop_str_in_output\x18\x02 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12*\n\x1dspaces_between_special_tokens\x18\x04 \x01(\x08H\x01\x88\x01\x01\x42\x16\n\x14_skip_special_tokensB \n\x1e_spaces_between_special_tokens\"=\n\x05\x45rror\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.minisgl.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"i\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x17\n\x0ftool_calls_json\x18\x05 \x01(\t*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\xc0\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12&\n\"ERROR_CODE_CONTEXT_LENGTH_EXCEEDED\x10\x02\x12\x19\n\x15\x45RROR_CODE_OVERLOADED\x10\x03\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x04\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17minisgl/v1/common.proto\x12\nminisgl.v1\"\x92\x04\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\x12\n\nmax_tokens\x18\t \x01(\x05\x12\x12\n\nmin_tokens\x18\n \x01(\x05\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\x10\n\x08logprobs\x18\r \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x0e \x01(\x05\x12$\n\x07grammar\x18\x0f \x01(\x0b\x32\x13.minisgl.v1.Grammar\x12=\n\nlogit_bias\x18\x10 \x03(\x0b\x32).minisgl.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"`\n\x07Grammar\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x0e\n\x04lark\x18\x04 \x01(\tH\x00\x42\x06\n\x04spec\"\xca\x01\n\x0eStopConditions\x12\x0c\n\x04stop\x18\x01 \x03(\t\x12\"\n\x1ainclude_stop_str_in_output\x18\x02 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12*\n\x1dspaces_between_special_tokens\x18\x04 \x01(\x08H\x01\x88\x01\x01\x42\x16\n\x14_skip_special_tokensB \n\x1e_spaces_between_special_tokens\"=\n\x05\x45rror\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.minisgl.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"i\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x17\n\x0ftool_calls_json\x18\x05 \x01(\t*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\xc0\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12&\n\"ERROR_CODE_CONTEXT_LENGTH_EXCEEDED\x10\x02\x12\x19\n\x15\x45RROR_CODE_OVERLOADED\x10\x03\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x04\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'minisgl.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=956
-  _globals['_FINISHREASON']._serialized_end=1101
-  _globals['_ERRORCODE']._serialized_start=1104
-  _globals['_ERRORCODE']._serialized_end=1296
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_FINISHREASON']._serialized_start=1205
+  _globals['_FINISHREASON']._serialized_end=1350
+  _globals['_ERRORCODE']._serialized_start=1353
+  _globals['_ERRORCODE']._serialized_end=1545
   _globals['_SAMPLINGPARAMS']._serialized_start=40
-  _globals['_SAMPLINGPARAMS']._serialized_end=419
-  _globals['_STOPCONDITIONS']._serialized_start=422
-  _globals['_STOPCONDITIONS']._serialized_end=624
-  _globals['_ERROR']._serialized_start=626
-  _globals['_ERROR']._serialized_end=687
-  _globals['_USAGE']._serialized_start=689
-  _globals['_USAGE']._serialized_end=769
-  _globals['_TOKENIDS']._serialized_start=771
-  _globals['_TOKENIDS']._serialized_end=794
-  _globals['_TOPLOGPROBS']._serialized_start=796
-  _globals['_TOPLOGPROBS']._serialized_end=846
-  _globals['_CHATMESSAGE']._serialized_start=848
-  _globals['_CHATMESSAGE']._serialized_end=953
+  _globals['_SAMPLINGPARAMS']._serialized_end=570
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=464
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=512
+  _globals['_GRAMMAR']._serialized_start=572
+  _globals['_GRAMMAR']._serialized_end=668
+  _globals['_STOPCONDITIONS']._serialized_start=671
+  _globals['_STOPCONDITIONS']._serialized_end=873
+  _globals['_ERROR']._serialized_start=875
+  _globals['_ERROR']._serialized_end=936
+  _globals['_USAGE']._serialized_start=938
+  _globals['_USAGE']._serialized_end=1018
+  _globals['_TOKENIDS']._serialized_start=1020
+  _globals['_TOKENIDS']._serialized_end=1043
+  _globals['_TOPLOGPROBS']._serialized_start=1045
+  _globals['_TOPLOGPROBS']._serialized_end=1095
+  _globals['_CHATMESSAGE']._serialized_start=1097
+  _globals['_CHATMESSAGE']._serialized_end=1202
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "sampling", "stop", "n", "request_id")
+    __slots__ = ("model", "text", "token_ids", "sampling", "stop", "n", "request_id", "user", "echo")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,8 @@ class GenerateRequest(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ECHO_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     token_ids: _common_pb2.TokenIds
@@ -22,10 +24,12 @@ class GenerateRequest(_message.Message):
     stop: _common_pb2.StopConditions
     n: int
     request_id: str
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Union[_common_pb2.StopConditions, _Mapping]] = ..., n: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    user: str
+    echo: bool
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Union[_common_pb2.StopConditions, _Mapping]] = ..., n: _Optional[int] = ..., request_id: _Optional[str] = ..., user: _Optional[str] = ..., echo: bool = ...) -> None: ...
 
 class ChatRequest(_message.Message):
-    __slots__ = ("model", "messages", "sampling", "stop", "n", "request_id", "tools_json")
+    __slots__ = ("model", "messages", "sampling", "stop", "n", "request_id", "tools_json", "user", "tool_choice", "chat_template_kwargs_json")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +37,9 @@ class ChatRequest(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
     sampling: _common_pb2.SamplingParams
@@ -40,7 +47,22 @@ class ChatRequest(_message.Message):
     n: int
     request_id: str
     tools_json: str
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Union[_common_pb2.StopConditions, _Mapping]] = ..., n: _Optional[int] = ..., request_id: _Optional[str] = ..., tools_json: _Optional[str] = ...) -> None: ...
+    user: str
+    tool_choice: str
+    chat_template_kwargs_json: str
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Union[_common_pb2.StopConditions, _Mapping]] = ..., n: _Optional[int] = ..., request_id: _Optional[str] = ..., tools_json: _Optional[str] = ..., user: _Optional[str] = ..., tool_choice: _Optional[str] = ..., chat_template_kwargs_json: _Optional[str] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("index", "id", "name", "arguments")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "token", "logprob", "top_token_ids", "top_tokens", "top_logprobs")
@@ -59,7 +81,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., token: _Optional[str] = ..., logprob: _Optional[float] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_tokens: _Optional[_Iterable[str]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Choice(_message.Message):
-    __slots__ = ("index", "text", "token_ids", "logprobs", "finish_reason", "matched_stop", "error")
+    __slots__ = ("index", "text", "token_ids", "logprobs", "finish_reason", "matched_stop", "error", "reasoning_content", "tool_calls")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +89,8 @@ class Choice(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     MATCHED_STOP_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    REASONING_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     index: int
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -74,7 +98,9 @@ class Choice(_message.Message):
     finish_reason: _common_pb2.FinishReason
     matched_stop: str
     error: _common_pb2.Error
-    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., matched_stop: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
+    reasoning_content: str
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., matched_stop: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., reasoning_content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "model", "choices", "usage")

@@ -16,7 +16,7 @@ _sym_db = _symbol_database.Default()
 from minisgl_core.proto.minisgl.v1 import common_pb2 as minisgl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aminisgl/v1/tokenizer.proto\x12\nminisgl.v1\x1a\x17minisgl/v1/common.proto\"\x88\x01\n\tChatInput\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.minisgl.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x12\n\ntools_json\x18\x03 \x01(\tB\x18\n\x16_add_generation_prompt\"\xb1\x01\n\x0cTokenizeItem\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.minisgl.v1.TokenIdsH\x00\x12%\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x15.minisgl.v1.ChatInputH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"U\n\x0fTokenizeRequest\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.minisgl.v1.TokenizeItem\x12\x19\n\x11max_prompt_tokens\x18\x02 \x01(\x05\"E\n\x0eTokenizeResult\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.minisgl.v1.Error\"?\n\x10TokenizeResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.minisgl.v1.TokenizeResult\"\x19\n\x17GetTokenizerInfoRequest\"\x8b\x01\n\x18GetTokenizerInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x19\n\x11has_chat_template\x18\x05 \x01(\x08\"(\n\x13\x44\x65\x63odeTokensRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"%\n\x14\x44\x65\x63odeTokensResponse\x12\r\n\x05texts\x18\x01 \x03(\t2\x84\x02\n\tTokenizer\x12\x45\n\x08Tokenize\x12\x1b.minisgl.v1.TokenizeRequest\x1a\x1c.minisgl.v1.TokenizeResponse\x12]\n\x10GetTokenizerInfo\x12#.minisgl.v1.GetTokenizerInfoRequest\x1a$.minisgl.v1.GetTokenizerInfoResponse\x12Q\n\x0c\x44\x65\x63odeTokens\x12\x1f.minisgl.v1.DecodeTokensRequest\x1a .minisgl.v1.DecodeTokensResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aminisgl/v1/tokenizer.proto\x12\nminisgl.v1\x1a\x17minisgl/v1/common.proto\"\xab\x01\n\tChatInput\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.minisgl.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x12\n\ntools_json\x18\x03 \x01(\t\x12!\n\x19\x63hat_template_kwargs_json\x18\x04 \x01(\tB\x18\n\x16_add_generation_prompt\"\xb1\x01\n\x0cTokenizeItem\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.minisgl.v1.TokenIdsH\x00\x12%\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x15.minisgl.v1.ChatInputH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"U\n\x0fTokenizeRequest\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.minisgl.v1.TokenizeItem\x12\x19\n\x11max_prompt_tokens\x18\x02 \x01(\x05\"E\n\x0eTokenizeResult\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.minisgl.v1.Error\"?\n\x10TokenizeResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.minisgl.v1.TokenizeResult\"\x19\n\x17GetTokenizerInfoRequest\"\x8b\x01\n\x18GetTokenizerInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x19\n\x11has_chat_template\x18\x05 \x01(\x08\"6\n\x13\x44\x65\x63odeTokensRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04join\x18\x02 \x01(\x08\"%\n\x14\x44\x65\x63odeTokensResponse\x12\r\n\x05texts\x18\x01 \x03(\t2\x84\x02\n\tTokenizer\x12\x45\n\x08Tokenize\x12\x1b.minisgl.v1.TokenizeRequest\x1a\x1c.minisgl.v1.TokenizeResponse\x12]\n\x10GetTokenizerInfo\x12#.minisgl.v1.GetTokenizerInfoRequest\x1a$.minisgl.v1.GetTokenizerInfoResponse\x12Q\n\x0c\x44\x65\x63odeTokens\x12\x1f.minisgl.v1.DecodeTokensRequest\x1a .minisgl.v1.DecodeTokensResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -24,23 +24,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'minisgl.v1.tokenizer_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CHATINPUT']._serialized_start=68
-  _globals['_CHATINPUT']._serialized_end=204
-  _globals['_TOKENIZEITEM']._serialized_start=207
-  _globals['_TOKENIZEITEM']._serialized_end=384
-  _globals['_TOKENIZEREQUEST']._serialized_start=386
-  _globals['_TOKENIZEREQUEST']._serialized_end=471
-  _globals['_TOKENIZERESULT']._serialized_start=473
-  _globals['_TOKENIZERESULT']._serialized_end=542
-  _globals['_TOKENIZERESPONSE']._serialized_start=544
-  _globals['_TOKENIZERESPONSE']._serialized_end=607
-  _globals['_GETTOKENIZERINFOREQUEST']._serialized_start=609
-  _globals['_GETTOKENIZERINFOREQUEST']._serialized_end=634
-  _globals['_GETTOKENIZERINFORESPONSE']._serialized_start=637
-  _globals['_GETTOKENIZERINFORESPONSE']._serialized_end=776
-  _globals['_DECODETOKENSREQUEST']._serialized_start=778
-  _globals['_DECODETOKENSREQUEST']._serialized_end=818
-  _globals['_DECODETOKENSRESPONSE']._serialized_start=820
-  _globals['_DECODETOKENSRESPONSE']._serialized_end=857
-  _globals['_TOKENIZER']._serialized_start=860
-  _globals['_TOKENIZER']._serialized_end=1120
+  _globals['_CHATINPUT']._serialized_end=239
+  _globals['_TOKENIZEITEM']._serialized_start=242
+  _globals['_TOKENIZEITEM']._serialized_end=419
+  _globals['_TOKENIZEREQUEST']._serialized_start=421
+  _globals['_TOKENIZEREQUEST']._serialized_end=506
+  _globals['_TOKENIZERESULT']._serialized_start=508
+  _globals['_TOKENIZERESULT']._serialized_end=577
+  _globals['_TOKENIZERESPONSE']._serialized_start=579
+  _globals['_TOKENIZERESPONSE']._serialized_end=642
+  _globals['_GETTOKENIZERINFOREQUEST']._serialized_start=644
+  _globals['_GETTOKENIZERINFOREQUEST']._serialized_end=669
+  _globals['_GETTOKENIZERINFORESPONSE']._serialized_start=672
+  _globals['_GETTOKENIZERINFORESPONSE']._serialized_end=811
+  _globals['_DECODETOKENSREQUEST']._serialized_start=813
+  _globals['_DECODETOKENSREQUEST']._serialized_end=867
+  _globals['_DECODETOKENSRESPONSE']._serialized_start=869
+  _globals['_DECODETOKENSRESPONSE']._serialized_end=906
+  _globals['_TOKENIZER']._serialized_start=909
+  _globals['_TOKENIZER']._serialized_end=1169
 # @@protoc_insertion_point(module_scope)

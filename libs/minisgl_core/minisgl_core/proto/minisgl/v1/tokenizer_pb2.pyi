@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ChatInput(_message.Message):
-    __slots__ = ("messages", "add_generation_prompt", "tools_json")
+    __slots__ = ("messages", "add_generation_prompt", "tools_json", "chat_template_kwargs_json")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
     add_generation_prompt: bool
     tools_json: str
-    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: bool = ..., tools_json: _Optional[str] = ...) -> None: ...
+    chat_template_kwargs_json: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: bool = ..., tools_json: _Optional[str] = ..., chat_template_kwargs_json: _Optional[str] = ...) -> None: ...
 
 class TokenizeItem(_message.Message):
     __slots__ = ("text", "token_ids", "chat", "add_special_tokens")
@@ -69,10 +71,12 @@ class GetTokenizerInfoResponse(_message.Message):
     def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., has_chat_template: bool = ...) -> None: ...
 
 class DecodeTokensRequest(_message.Message):
-    __slots__ = ("token_ids",)
+    __slots__ = ("token_ids", "join")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    JOIN_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    join: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., join: bool = ...) -> None: ...
 
 class DecodeTokensResponse(_message.Message):
     __slots__ = ("texts",)
