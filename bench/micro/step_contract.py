@@ -36,15 +36,15 @@ VOCAB = 32000
 
 
 def sampled_rids(plan: StepPlan) -> list[int]:
-    return [r.rid for r in plan.reqs if r.sample]
+    return plan.decodes.rids + [r.rid for r in plan.reqs if r.sample]
 
 
 def is_pure_decode(plan: StepPlan) -> bool:
-    return all(r.is_decode for r in plan.reqs)
+    return not plan.reqs
 
 
 def to_wire(plan: StepPlan) -> bytes:
-    return convert.plan_to_proto(plan, columnar=True).SerializeToString()
+    return convert.plan_to_proto(plan).SerializeToString()
 
 
 class RecordingExecutor(StepExecutor):

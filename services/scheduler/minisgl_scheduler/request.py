@@ -66,12 +66,9 @@ class Request:
     target: int = 0  # tokens to prefill on this (re)start: prompt + outputs known at admission
     pending_samples: int = 0  # sampled tokens in launched steps not collected yet
     inflight: int = 0  # launched (or being planned) steps that reference this request
-    released: bool = False
     kv_valid: bool = True  # False after a failed step: its pages must not enter the cache
 
     cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
-    num_preemptions: int = 0
-    finish_reason: FinishReason | None = None
 
     @property
     def num_outputs(self) -> int:
