@@ -24,7 +24,7 @@ import logging
 from collections import deque
 
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.step import StepExecutor, StepOutput, StepPlan, WorkerInfo
+from minisgl_core.step import StepExecutor, StepPlan, WorkerInfo
 
 from minisgl_scheduler.admission import check_request, new_request, reserve_pages, waiting_order
 from minisgl_scheduler.config import SchedulerConfig
@@ -37,7 +37,7 @@ from minisgl_scheduler.errors import (
 )
 from minisgl_scheduler.kv import KVManager, pages_for
 from minisgl_scheduler.launched import LaunchedStep, check_output
-from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent
+from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent, take_token
 from minisgl_scheduler.stats import SchedulerStats
 
 log = logging.getLogger(__name__)
@@ -276,27 +276,13 @@ class Scheduler:
         for i, req in enumerate(step.sampled):
             req.pending_samples -= 1
             if req.phase is Phase.RUNNING:
-                self._on_token(req, out, i)
+                end = take_token(req, self._event(req), out, i)
+                if end is not None:
+                    self._finish(req, end)
         for req in step.reqs:
             if req.phase is Phase.ENDED:
                 self._maybe_release(req)
         self._maybe_unpoison()
-
-    def _on_token(self, req: Request, out: StepOutput, i: int) -> None:
-        token = out.token_ids[i]
-        req.tokens.append(token)
-        event = self._event(req)
-        event.token_ids.append(token)
-        params = req.params
-        if params.logprobs and out.logprobs:
-            event.logprobs.append(out.logprobs[i])
-            if params.top_logprobs and out.top_logprobs:
-                event.top_logprobs.append(out.top_logprobs[i])
-        n = len(req.tokens) - req.prompt_len
-        if token in req.stop_ids and n >= params.min_tokens:
-            self._finish(req, FinishReason.STOP)
-        elif n >= req.max_tokens:
-            self._finish(req, FinishReason.LENGTH)
 
     def _fail_step(self, step: LaunchedStep, exc: Exception) -> None:
         """A failed step leaves the worker's slots and KV suspect: fail everything running."""
