@@ -44,7 +44,8 @@ def is_pure_decode(plan: StepPlan) -> bool:
 
 
 def to_wire(plan: StepPlan) -> bytes:
-    return convert.plan_to_proto(plan).SerializeToString()
+    data: bytes = convert.plan_to_proto(plan).SerializeToString()
+    return data
 
 
 class RecordingExecutor(StepExecutor):
