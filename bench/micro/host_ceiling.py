@@ -45,7 +45,7 @@ def serve_null_worker(args: argparse.Namespace) -> None:
             plan = self._queue.popleft()
             if args.step_ms:
                 time.sleep(args.step_ms / 1e3)
-            rids = [r.rid for r in plan.reqs if r.sample]
+            rids = plan.decodes.rids + [r.rid for r in plan.reqs if r.sample]
             vocab = cfg["vocab_size"]
             return StepOutput(plan.step_id, rids, [(rid * 7 + plan.step_id) % vocab
                                                    for rid in rids])

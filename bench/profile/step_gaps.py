@@ -63,9 +63,9 @@ def main() -> int:
         inflight = run_step(plan)
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        decodes = sum(1 for r in plan.reqs if r.is_decode)
+        decodes = len(plan.decodes)
         prefill = sum(len(r.input_ids) for r in plan.reqs)
-        records.append((start, end, bucket(len(plan.reqs), decodes, prefill),
+        records.append((start, end, bucket(plan.num_entries, decodes, prefill),
                         time.perf_counter() - t))
         return inflight
 

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.step import StepExecutor, StepOutput, StepPlan, TopLogprobs, WorkerInfo
+from minisgl_core.step import ReqPlan, StepExecutor, StepOutput, StepPlan, TopLogprobs, WorkerInfo
 
 MASK = (1 << 64) - 1
 SEED = 0x9E3779B97F4A7C15
@@ -117,7 +117,7 @@ class FakeExecutor(StepExecutor):
     def _run(self, plan: StepPlan) -> StepOutput:
         slots_seen: set[int] = set()
         work = []
-        for entry in plan.reqs:  # read phase
+        for entry in entries(plan):  # read phase
             if entry.slot in slots_seen or not 0 <= entry.slot < len(self.slots):
                 raise FakeError(f"slot {entry.slot} twice in one step or out of range")
             slots_seen.add(entry.slot)
@@ -161,6 +161,23 @@ class FakeExecutor(StepExecutor):
                 out.logprobs.append(-(h % 1000) / 100.0)
                 out.top_logprobs.append(TopLogprobs([token, (token + 1) % 7], [-0.1, -2.0]))
         return out
+
+
+def entries(plan: StepPlan) -> list[ReqPlan]:
+    """The step's entries in row order, a decode as a ReqPlan without inputs."""
+    d = plan.decodes
+    if not d.consistent():
+        raise FakeError("decode columns of different lengths")
+    rows, at = [], 0
+    for i, rid in enumerate(d.rids):
+        n = d.new_page_counts[i]
+        rows.append(ReqPlan(rid, d.slots[i], d.cache_lens[i], [], d.page_offsets[i],
+                            d.new_pages[at:at + n]))
+        at += n
+    for r in plan.reqs:
+        if not r.input_ids:
+            raise FakeError("a prefill chunk without input_ids")
+    return rows + plan.reqs
 
 
 def sample(h: int, vocab_size: int, eos_id: int, eos_every: int) -> int:

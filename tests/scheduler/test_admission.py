@@ -210,7 +210,7 @@ def test_chunked_prefill_budget_and_running_cap() -> None:
     for plan in fake.plans:
         prefill = [r for r in plan.reqs if r.input_ids]
         assert sum(len(r.input_ids) for r in prefill) <= 10
-        assert len(plan.reqs) <= 3
+        assert plan.num_entries <= 3
         for r in prefill:  # a chunk that does not end the prompt samples nothing
             assert r.sample == (r.cache_len + len(r.input_ids) == 23)
     assert any(not r.sample for plan in fake.plans for r in plan.reqs)

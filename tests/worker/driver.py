@@ -1,7 +1,7 @@
 """A minimal scheduler for worker tests: slots, pages, chunked prefill, staggered arrivals.
 
 It knows nothing of the engine's internals: it builds StepPlans the way the real scheduler does
-(pages handed out as sequences grow, decodes with empty input_ids reading the token futures,
+(pages handed out as sequences grow, decodes in the plan's columns reading the token futures,
 overlap: step N+1 launched before step N is collected) and returns each request's tokens.
 """
 
@@ -46,7 +46,9 @@ def run_requests(engine: StepExecutor, prompts: list[list[int]], max_new: int,
             r.out.append(tok)
 
     while any(r.launched < r.max_new for r in reqs):
-        plans, entries = [], []
+        plan = StepPlan(step_id=step_id)
+        decodes: list[tuple[_Req, bool]] = []
+        chunks: list[tuple[_Req, bool]] = []
         for r in reqs:
             if r.start_step > step_id or r.launched >= r.max_new:
                 continue
@@ -64,14 +66,18 @@ def run_requests(engine: StepExecutor, prompts: list[list[int]], max_new: int,
             offset = len(r.pages)
             r.pages += new
             sample = r.fed + len(ids) >= len(r.prompt)
-            plans.append(ReqPlan(rid=r.rid, slot=r.slot, cache_len=cache, input_ids=ids,
-                                 page_offset=offset, new_pages=new, sample=sample,
-                                 sampling=params if restart else None))
-            entries.append((r, sample))
+            if ids:
+                plan.reqs.append(ReqPlan(rid=r.rid, slot=r.slot, cache_len=cache, input_ids=ids,
+                                         page_offset=offset, new_pages=new, sample=sample,
+                                         sampling=params if restart else None))
+                chunks.append((r, sample))
+            else:
+                plan.decodes.add(r.rid, r.slot, cache, offset, new)
+                decodes.append((r, sample))
             r.fed += len(ids)
             r.launched += int(sample)
-        engine.launch(StepPlan(step_id=step_id, reqs=plans))
-        pending.append(entries)
+        engine.launch(plan)
+        pending.append(decodes + chunks)  # the step's rows: decodes first
         step_id += 1
         while len(pending) > (1 if overlap else 0):
             collect()

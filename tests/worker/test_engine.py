@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.step import ReqPlan, StepPlan
+from minisgl_core.step import DecodeEntries, ReqPlan, StepPlan
 from minisgl_worker.batch import InvalidPlan
 from minisgl_worker.engine import Engine, EngineConfig
 
@@ -103,15 +103,20 @@ def test_logprobs(engine: Engine) -> None:
     (ReqPlan(rid=1, slot=0, cache_len=0, input_ids=[VOCAB], new_pages=[0]), "token ids"),
     (ReqPlan(rid=1, slot=0, cache_len=0, input_ids=[1], new_pages=[10_000]), "page ids"),
     (ReqPlan(rid=1, slot=0, cache_len=0, input_ids=[1] * 9, new_pages=[0, 1]), "pages"),
-    (ReqPlan(rid=1, slot=5, cache_len=3, input_ids=[], new_pages=[0]), "decode step"),
+    (ReqPlan(rid=1, slot=5, cache_len=3, input_ids=[], new_pages=[0]), "without input_ids"),
+    (DecodeEntries([1], [5], [3], [0], [1], [0]), "decode step"),
+    (DecodeEntries([1], [5], [3], [0], [2], [0]), "decode columns"),
     (ReqPlan(rid=1, slot=0, cache_len=250, input_ids=[1] * 10, new_pages=list(range(64))),
      "max_model_len"),
 ])
 def test_bad_plans_are_refused_without_side_effects(engine: Engine, reference: list[list[int]],
-                                                    bad: ReqPlan, message: str) -> None:
+                                                    bad: ReqPlan | DecodeEntries,
+                                                    message: str) -> None:
     good = ReqPlan(rid=2, slot=1, cache_len=0, input_ids=[1, 2], new_pages=[3])
+    plan = (StepPlan(0, [good], decodes=bad) if isinstance(bad, DecodeEntries)
+            else StepPlan(0, [good, bad]))
     with pytest.raises(InvalidPlan, match=message):
-        engine.launch(StepPlan(0, [good, bad]))
+        engine.launch(plan)
     # Nothing was queued and the engine still serves.
     assert run_requests(engine, PROMPTS[:1], NEW, PAGE) == reference[:1]
 

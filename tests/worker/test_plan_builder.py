@@ -1,5 +1,5 @@
 """The PlanBuilder on its own: graph padding, the FlashInfer page layout it ships, and the two
-validation paths (numpy columns first, the per-request walk for the message) agreeing."""
+validation paths (numpy columns first, the per-entry walk for the message) agreeing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.step import ReqPlan, StepPlan
+from minisgl_core.step import DecodeEntries, ReqPlan, StepPlan
 from minisgl_worker.attention.flashinfer_backend import paged_kv_layout
 from minisgl_worker.batch import InvalidPlan, PlanBuilder
 
@@ -33,7 +33,8 @@ def test_decode_batch_padded_to_graph_size_with_dummy_rows() -> None:
     b = _builder()
     for slot, n in [(2, 5), (5, 9), (6, 3)]:
         _start(b, slot, n, first_page=slot * 6)
-    plan = StepPlan(1, [ReqPlan(2, 2, 5), ReqPlan(5, 5, 9), ReqPlan(6, 6, 3)])
+    plan = StepPlan(1, decodes=DecodeEntries([2, 5, 6], [2, 5, 6], [5, 9, 3], [0, 0, 0],
+                                             [0, 0, 0]))
     step, _ = b.build(plan, graph_size=lambda n: 4 if n <= 4 else None)
     batch = step.batch
     assert batch.batch_size == batch.num_tokens == 4 and batch.is_decode
@@ -58,9 +59,9 @@ def test_decode_batch_padded_to_graph_size_with_dummy_rows() -> None:
 def test_mixed_batch_is_not_padded_and_layout_matches() -> None:
     b = _builder()
     _start(b, 0, 6, first_page=0)
-    plan = StepPlan(1, [ReqPlan(0, 0, 6),
-                        ReqPlan(1, 1, 0, [3, 4, 5], 0, [20, 21],
+    plan = StepPlan(1, [ReqPlan(1, 1, 0, [3, 4, 5], 0, [20, 21],
                                 sampling=SamplingParams(temperature=0.0))])
+    plan.decodes.add(0, 0, 6)
     b.validate(plan)
     step, writes = b.build(plan, graph_size=lambda n: 8)
     batch = step.batch
@@ -74,27 +75,38 @@ def test_mixed_batch_is_not_padded_and_layout_matches() -> None:
 
 def _random_plan(rng: random.Random, b: PlanBuilder) -> StepPlan:
     """Mostly valid plans, with one field pushed out of range now and then."""
-    reqs = []
+    reqs, decodes = [], []
     for slot in rng.sample(range(SLOTS), rng.randint(1, 4)):
         if b.has_future[slot] and rng.random() < 0.6:
-            r = ReqPlan(slot, slot, rng.randint(0, 12), [], int(b.pages_len[slot]),
-                        rng.sample(range(PAGES), rng.randint(0, 1)))
+            decodes.append([slot, slot, rng.randint(0, 12), int(b.pages_len[slot]),
+                            rng.sample(range(PAGES), rng.randint(0, 1))])
         else:
             n = rng.randint(1, 6)
-            r = ReqPlan(slot, slot, 0, [rng.randrange(VOCAB) for _ in range(n)], 0,
-                        rng.sample(range(PAGES), -(-n // PS) + rng.randint(0, 1)),
-                        sampling=SamplingParams(temperature=0.0))
-        reqs.append(r)
-    if rng.random() < 0.5:
+            reqs.append(ReqPlan(slot, slot, 0, [rng.randrange(VOCAB) for _ in range(n)], 0,
+                                rng.sample(range(PAGES), -(-n // PS) + rng.randint(0, 1)),
+                                sampling=SamplingParams(temperature=0.0)))
+    if rng.random() < 0.5 and reqs:
         r = rng.choice(reqs)
         field, value = rng.choice([("slot", SLOTS), ("slot", -1), ("cache_len", -1),
                                    ("cache_len", 70), ("page_offset", 15),
-                                   ("input_ids", [VOCAB]), ("new_pages", [PAGES]),
-                                   ("history_ids", [-1]), ("sampling", None)])
+                                   ("input_ids", [VOCAB]), ("input_ids", []),
+                                   ("new_pages", [PAGES]), ("history_ids", [-1])])
         setattr(r, field, value)
+    elif rng.random() < 0.5 and decodes:
+        d = rng.choice(decodes)
+        i, value = rng.choice([(1, SLOTS), (1, -1), (2, -1), (2, 70), (3, 15), (4, [PAGES])])
+        d[i] = value
     if rng.random() < 0.1:
-        reqs.append(reqs[0])  # a slot twice
-    return StepPlan(1, reqs)
+        if reqs:
+            reqs.append(reqs[0])  # a slot twice
+        else:
+            decodes.append(decodes[0])
+    plan = StepPlan(1, reqs)
+    for rid, slot, cache_len, offset, pages in decodes:
+        plan.decodes.add(rid, slot, cache_len, offset, pages)
+    if rng.random() < 0.05 and decodes:
+        plan.decodes.new_page_counts[0] += 1  # counts that do not add up
+    return plan
 
 
 @pytest.mark.parametrize("seed", range(4))

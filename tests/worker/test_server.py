@@ -69,8 +69,8 @@ def test_bad_step_answered_with_error_and_stream_lives(served: tuple[Engine, str
         bad_params = worker_pb2.StepRequest(step_id=3, requests=[worker_pb2.RequestPlan(
             rid=9, slot=1, input_ids=[1], new_pages=[1], sample=True,
             sampling=common_pb2.SamplingParams(top_p=0.0))])
-        decode = worker_pb2.StepRequest(step_id=4, requests=[worker_pb2.RequestPlan(
-            rid=7, slot=0, cache_len=3, new_pages=[], sample=True)])
+        decode = worker_pb2.StepRequest(step_id=4, decodes=worker_pb2.DecodeEntries(
+            rids=[7], slots=[0], cache_lens=[3], page_offsets=[1], new_page_counts=[0]))
         for req in (ok, bad_slot, bad_params, decode):
             outbox.put(req)
         answers = [next(responses) for _ in range(4)]
@@ -88,34 +88,10 @@ def test_bad_step_answered_with_error_and_stream_lives(served: tuple[Engine, str
         assert info.kv_cache_dtype == "float32"  # CPU default: the activation dtype
 
 
-def test_columnar_decodes_round_trip() -> None:
-    """Leading plain decodes travel as packed columns, everything else as RequestPlans, and
-    the worker rebuilds the same plan in the same order."""
-    from minisgl_core.convert import plan_from_proto, plan_to_proto
-    from minisgl_core.sampling import SamplingParams
-    from minisgl_core.step import ReqPlan, StepPlan
-
-    plan = StepPlan(9, [
-        ReqPlan(1, 0, 7), ReqPlan(2, 3, 15, [], 3, [40]), ReqPlan(3, 1, 4, [], 1, [5, 6]),
-        ReqPlan(4, 2, 0, [11, 12], 0, [8], sampling=SamplingParams(temperature=0.0)),
-        ReqPlan(5, 5, 9),  # a decode after a prefill keeps its place: a RequestPlan
-    ])
-    msg = plan_to_proto(plan, columnar=True)
-    assert list(msg.decodes.rids) == [1, 2, 3] and list(msg.decodes.new_pages) == [40, 5, 6]
-    assert [m.rid for m in msg.requests] == [4, 5]
-    back = plan_from_proto(worker_pb2.StepRequest.FromString(msg.SerializeToString()))
-    assert [(r.rid, r.slot, r.cache_len, r.input_ids, r.page_offset, r.new_pages, r.sample)
-            for r in back.reqs] == [(r.rid, r.slot, r.cache_len, r.input_ids, r.page_offset,
-                                     r.new_pages, r.sample) for r in plan.reqs]
-    assert back.reqs[3].sampling is not None and back.reqs[3].sampling.temperature == 0.0
-    assert not plan_to_proto(plan).HasField("decodes")  # a worker without the flag
-
-
-def test_malformed_columnar_decodes_answered_with_error(served: tuple[Engine, str]) -> None:
+def test_malformed_decode_columns_answered_with_error(served: tuple[Engine, str]) -> None:
     _, target = served
     with channel(target) as ch:
         stub = worker_pb2_grpc.WorkerStub(ch)
-        assert stub.GetWorkerInfo(worker_pb2.GetWorkerInfoRequest()).columnar_decodes
         outbox, responses = _stream(stub)
         outbox.put(worker_pb2.StepRequest(step_id=1, decodes=worker_pb2.DecodeEntries(
             rids=[1, 2], slots=[0], cache_lens=[3, 3], page_offsets=[0, 0],
@@ -131,31 +107,47 @@ def test_malformed_columnar_decodes_answered_with_error(served: tuple[Engine, st
         assert list(responses) == []
 
 
-def test_client_sends_request_plans_to_a_worker_without_columns(served: tuple[Engine, str],
-                                                                monkeypatch) -> None:  # noqa: ANN001
-    """An older worker does not report columnar_decodes: the client must not use them."""
+def test_a_decode_sent_as_a_request_plan_is_refused(served: tuple[Engine, str]) -> None:
+    """Decodes travel only as columns: a RequestPlan without input_ids breaks the contract."""
+    _, target = served
+    with channel(target) as ch:
+        stub = worker_pb2_grpc.WorkerStub(ch)
+        outbox, responses = _stream(stub)
+        outbox.put(worker_pb2.StepRequest(step_id=1, requests=[
+            worker_pb2.RequestPlan(rid=1, slot=0, cache_len=0, new_pages=[0], sample=True)]))
+        answer = next(responses)
+        outbox.put(None)
+        assert answer.error.code == common_pb2.ERROR_CODE_INVALID_ARGUMENT
+        assert "without input_ids" in answer.error.message
+        assert list(responses) == []
+
+
+def test_client_plans_cross_the_wire_as_columns(served: tuple[Engine, str],
+                                                monkeypatch) -> None:  # noqa: ANN001
+    """Through the scheduler's client every decode goes as a column of StepRequest.decodes, and
+    the tokens are the in-process engine's."""
     from minisgl_core import convert
     from minisgl_scheduler import worker_client
     from minisgl_scheduler.worker_client import WorkerClient
 
     engine, target = served
     expected = run_requests(engine, PROMPTS, 4, PAGE, chunk=5, starts=[0, 1, 3])
-    sent = []
+    sent: list[tuple[int, int]] = []  # per step: (decode columns, request plans without inputs)
     original = convert.plan_to_proto
 
-    def spy(plan, columnar=False):  # noqa: ANN001, ANN202
-        msg = original(plan, columnar)
-        sent.append(msg.HasField("decodes"))
+    def spy(plan):  # noqa: ANN001, ANN202
+        msg = original(plan)
+        sent.append((len(msg.decodes.rids), sum(not m.input_ids for m in msg.requests)))
         return msg
 
     monkeypatch.setattr(worker_client, "plan_to_proto", spy)
     client = WorkerClient(target, connect_timeout=10)
     try:
-        client._info.columnar_decodes = False
         got = run_requests(client, PROMPTS, 4, PAGE, chunk=5, starts=[0, 1, 3])
     finally:
         client.close()
-    assert got == expected and sent and not any(sent)
+    assert got == expected
+    assert sum(n for n, _ in sent) > 0 and not any(rows for _, rows in sent)
 
 
 def test_worker_process(tiny_model, tmp_path) -> None:  # noqa: ANN001

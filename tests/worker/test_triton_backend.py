@@ -160,7 +160,7 @@ def _generate(engine, steps: int = 5) -> list[list[int]]:
     """Two requests: one prefilled in two chunks (the second over a cached prefix), one in a
     single step next to it; then decode steps. Greedy, so tokens depend only on the logits."""
     from minisgl_core.sampling import SamplingParams
-    from minisgl_core.step import ReqPlan, StepPlan
+    from minisgl_core.step import DecodeEntries, ReqPlan, StepPlan
 
     sp = SamplingParams(temperature=0.0, max_tokens=16)
     a, b = list(range(5, 26)), list(range(300, 309))
@@ -170,7 +170,8 @@ def _generate(engine, steps: int = 5) -> list[list[int]]:
                      ReqPlan(2, 3, 0, b, 0, list(range(8, 12)), sampling=sp)]),
     ]
     for i in range(steps):
-        plans.append(StepPlan(2 + i, [ReqPlan(1, 0, len(a) + i), ReqPlan(2, 3, len(b) + i)]))
+        plans.append(StepPlan(2 + i, decodes=DecodeEntries([1, 2], [0, 3], [len(a) + i, len(b) + i],
+                                                           [0, 0], [0, 0])))
     return [engine.step(p).token_ids for p in plans]
 
 

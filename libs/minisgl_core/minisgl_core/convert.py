@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2
 from minisgl_core.sampling import GrammarSpec, InvalidParams, SamplingParams
-from minisgl_core.step import ReqPlan, StepOutput, StepPlan, TopLogprobs, WorkerInfo
+from minisgl_core.step import (
+    DecodeEntries,
+    ReqPlan,
+    StepOutput,
+    StepPlan,
+    TopLogprobs,
+    WorkerInfo,
+)
 
 
 def sampling_from_proto(m: common_pb2.SamplingParams,
@@ -67,39 +74,28 @@ def sampling_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
 
 # -- worker messages -----------------------------------------------------------------------------
 
-def plan_to_proto(plan: StepPlan, columnar: bool = False) -> worker_pb2.StepRequest:
-    """With `columnar` (the worker reports columnar_decodes) the leading run of plain decode
-    entries goes out as packed columns, the scheduler puts decodes first; the rest as
-    RequestPlans."""
+def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
+    """Decode columns map one to one onto `StepRequest.decodes`, prefill chunks onto
+    `requests`."""
     msg = worker_pb2.StepRequest(step_id=plan.step_id)
-    reqs = plan.reqs
-    n = 0
-    if columnar:
-        while n < len(reqs) and _plain_decode(reqs[n]):
-            n += 1
-        if n:
-            head = reqs[:n]
-            d = msg.decodes
-            d.rids.extend([r.rid for r in head])
-            d.slots.extend([r.slot for r in head])
-            d.cache_lens.extend([r.cache_len for r in head])
-            d.page_offsets.extend([r.page_offset for r in head])
-            d.new_page_counts.extend([len(r.new_pages) for r in head])
-            d.new_pages.extend([p for r in head if r.new_pages for p in r.new_pages])
-    for r in reqs[n:]:
-        m = msg.requests.add(
+    d = plan.decodes
+    if d.rids:
+        m = msg.decodes
+        m.rids.extend(d.rids)
+        m.slots.extend(d.slots)
+        m.cache_lens.extend(d.cache_lens)
+        m.page_offsets.extend(d.page_offsets)
+        m.new_page_counts.extend(d.new_page_counts)
+        m.new_pages.extend(d.new_pages)
+    for r in plan.reqs:
+        rp = msg.requests.add(
             rid=r.rid, slot=r.slot, cache_len=r.cache_len, input_ids=r.input_ids,
             page_offset=r.page_offset, new_pages=r.new_pages, sample=r.sample,
             history_ids=r.history_ids, num_prompt_tokens=r.num_prompt_tokens,
         )
         if r.sampling is not None:
-            m.sampling.CopyFrom(sampling_to_proto(r.sampling))
+            rp.sampling.CopyFrom(sampling_to_proto(r.sampling))
     return msg
-
-
-def _plain_decode(r: ReqPlan) -> bool:
-    return (not r.input_ids and r.sample and r.sampling is None and not r.history_ids
-            and not r.num_prompt_tokens)
 
 
 def worker_sampling_from_proto(m: common_pb2.SamplingParams) -> SamplingParams:
@@ -112,8 +108,9 @@ def worker_sampling_from_proto(m: common_pb2.SamplingParams) -> SamplingParams:
 
 
 def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
-    reqs = _decodes_from_proto(msg.decodes) if msg.HasField("decodes") else []
-    reqs.extend(
+    """Raises InvalidParams for decode columns of different lengths or page counts that do not
+    add up; the worker's plan builder checks the values."""
+    reqs = [
         ReqPlan(
             rid=m.rid, slot=m.slot, cache_len=m.cache_len, input_ids=list(m.input_ids),
             page_offset=m.page_offset, new_pages=list(m.new_pages), sample=m.sample,
@@ -121,26 +118,17 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
             history_ids=list(m.history_ids), num_prompt_tokens=m.num_prompt_tokens,
         )
         for m in msg.requests
-    )
-    return StepPlan(step_id=msg.step_id, reqs=reqs)
-
-
-def _decodes_from_proto(d: worker_pb2.DecodeEntries) -> list[ReqPlan]:
-    rids, slots, cache = list(d.rids), list(d.slots), list(d.cache_lens)
-    offsets, counts, pages = list(d.page_offsets), list(d.new_page_counts), list(d.new_pages)
-    n = len(rids)
-    if (not len(slots) == len(cache) == len(offsets) == len(counts) == n
-            or sum(counts) != len(pages) or min(counts, default=0) < 0):
-        raise InvalidParams("StepRequest.decodes: columns of different lengths, or "
-                            "new_page_counts that do not add up to new_pages")
-    out = []
-    at = 0
-    for i in range(n):
-        c = counts[i]
-        out.append(ReqPlan(rids[i], slots[i], cache[i], [], offsets[i],
-                           pages[at:at + c] if c else []))
-        at += c
-    return out
+    ]
+    plan = StepPlan(step_id=msg.step_id, reqs=reqs)
+    if msg.HasField("decodes"):
+        d = msg.decodes
+        plan.decodes = decodes = DecodeEntries(
+            list(d.rids), list(d.slots), list(d.cache_lens), list(d.page_offsets),
+            list(d.new_page_counts), list(d.new_pages))
+        if not decodes.consistent():
+            raise InvalidParams("StepRequest.decodes: columns of different lengths, or "
+                                "new_page_counts that do not add up to new_pages")
+    return plan
 
 
 def output_to_proto(out: StepOutput) -> worker_pb2.StepResponse:
@@ -173,8 +161,7 @@ def info_from_proto(m: worker_pb2.GetWorkerInfoResponse) -> WorkerInfo:
         model_name=m.model_name, num_pages=m.num_pages, page_size=m.page_size,
         max_model_len=m.max_model_len, max_slots=m.max_slots, vocab_size=m.vocab_size,
         eos_token_ids=list(m.eos_token_ids), tp_size=m.tp_size or 1, device=m.device,
-        attention_backend=m.attention_backend, columnar_decodes=m.columnar_decodes,
-        kv_cache_dtype=m.kv_cache_dtype, epoch=m.epoch,
+        attention_backend=m.attention_backend, kv_cache_dtype=m.kv_cache_dtype, epoch=m.epoch,
     )
 
 
@@ -184,5 +171,4 @@ def info_to_proto(i: WorkerInfo) -> worker_pb2.GetWorkerInfoResponse:
         max_model_len=i.max_model_len, max_slots=i.max_slots, vocab_size=i.vocab_size,
         eos_token_ids=i.eos_token_ids, tp_size=i.tp_size, device=i.device,
         attention_backend=i.attention_backend, kv_cache_dtype=i.kv_cache_dtype, epoch=i.epoch,
-        columnar_decodes=True,  # plan_from_proto reads StepRequest.decodes
     )

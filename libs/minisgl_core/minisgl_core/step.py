@@ -7,11 +7,22 @@ The scheduler owns pages and slots; the worker owns the tensors they index:
   counts, RNG seed). The scheduler hands slots out and reuses them after a request ends.
 * `new_pages` are written into the slot's page-table row starting at `page_offset`; earlier entries
   stay as they were. A request (re)starting in a slot sends its full page list with offset 0.
-* `input_ids` empty means "decode": the input is the token the worker sampled for this slot in an
-  earlier step (a token future). This lets the scheduler send step N+1 before step N's tokens came
-  back (overlap scheduling).
 * Positions of the inputs are `cache_len, cache_len + 1, ...`; the KV of the first `cache_len`
   tokens is already in the slot's pages (prefix-cache hit or earlier chunks).
+
+A step has two kinds of entries, in two layouts (as vLLM v1's `SchedulerOutput` splits new from
+cached requests), because they differ in volume and in what they carry:
+
+* decodes, `StepPlan.decodes`: one token per request, the token the worker sampled for this slot
+  in an earlier step (a token future), so the scheduler can send step N+1 before step N's tokens
+  came back (overlap scheduling). They are most of every step and carry only numbers, so they
+  travel as columns (`DecodeEntries`) from the scheduler's planning loop through the wire to the
+  worker's numpy plan builder, never as one object per request.
+* prefill chunks, `StepPlan.reqs`: a `ReqPlan` per request that (re)starts in its slot or sends
+  more prompt tokens; few per step, with token lists and sampling parameters.
+
+The step's rows are the decodes in order, then `reqs` in order; `StepOutput` answers the entries
+that sample in that order (every decode samples).
 """
 
 from __future__ import annotations
@@ -22,11 +33,48 @@ from minisgl_core.sampling import SamplingParams
 
 
 @dataclass(slots=True)
+class DecodeEntries:
+    """Decode entries in columns: entry i is request `rids[i]` in slot `slots[i]`, its input at
+    position `cache_lens[i]`; the next `new_page_counts[i]` ids of the flat `new_pages` go into
+    the slot's page-table row from `page_offsets[i]` on. Every entry samples."""
+
+    rids: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    cache_lens: list[int] = field(default_factory=list)
+    page_offsets: list[int] = field(default_factory=list)
+    new_page_counts: list[int] = field(default_factory=list)
+    new_pages: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rids)
+
+    def add(self, rid: int, slot: int, cache_len: int, page_offset: int = 0,
+            new_pages: list[int] | None = None) -> None:
+        """One entry (tests and small callers; the scheduler appends to the columns itself)."""
+        self.rids.append(rid)
+        self.slots.append(slot)
+        self.cache_lens.append(cache_len)
+        self.page_offsets.append(page_offset)
+        self.new_page_counts.append(len(new_pages) if new_pages else 0)
+        if new_pages:
+            self.new_pages.extend(new_pages)
+
+    def consistent(self) -> bool:
+        """Columns of one length, and page counts >= 0 that add up to the flat page list."""
+        counts = self.new_page_counts
+        return (len(self.slots) == len(self.cache_lens) == len(self.page_offsets) == len(counts)
+                == len(self.rids) and sum(counts) == len(self.new_pages)
+                and min(counts, default=0) >= 0)
+
+
+@dataclass(slots=True)
 class ReqPlan:
+    """A prefill chunk: `input_ids` at positions cache_len, cache_len + 1, ... (never empty)."""
+
     rid: int
     slot: int
     cache_len: int
-    input_ids: list[int] = field(default_factory=list)  # empty => decode from the slot's future
+    input_ids: list[int]
     page_offset: int = 0
     new_pages: list[int] = field(default_factory=list)
     sample: bool = True  # False for a non-final prefill chunk
@@ -39,23 +87,17 @@ class ReqPlan:
     # outputs from before a preemption (presence/frequency penalties count them). 0: unknown.
     num_prompt_tokens: int = 0
 
-    @property
-    def num_input_tokens(self) -> int:
-        return len(self.input_ids) if self.input_ids else 1
-
-    @property
-    def is_decode(self) -> bool:
-        return not self.input_ids
-
 
 @dataclass(slots=True)
 class StepPlan:
     step_id: int
-    reqs: list[ReqPlan] = field(default_factory=list)
+    reqs: list[ReqPlan] = field(default_factory=list)  # prefill chunks, after the decodes
+    decodes: DecodeEntries = field(default_factory=DecodeEntries)
 
     @property
-    def num_tokens(self) -> int:
-        return sum(r.num_input_tokens for r in self.reqs)
+    def num_entries(self) -> int:
+        """Requests in the step (rows of the batch)."""
+        return len(self.decodes.rids) + len(self.reqs)
 
 
 @dataclass(slots=True)
@@ -88,8 +130,6 @@ class WorkerInfo:
     tp_size: int = 1
     device: str = "cpu"
     attention_backend: str = "torch"
-    # The worker reads columnar decode entries (StepRequest.decodes); set by the proto layer.
-    columnar_decodes: bool = False
     kv_cache_dtype: str = ""  # "bfloat16", "float8_e4m3fn", ... ("" from an older worker)
     # The worker process's identity, random per start (0: unknown, an older worker or an
     # in-process engine). Another value later means a restarted worker with an empty KV cache.

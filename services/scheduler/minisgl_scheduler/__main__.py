@@ -9,6 +9,7 @@ import logging
 import sys
 import threading
 from dataclasses import fields
+from typing import Literal, get_args, get_origin, get_type_hints
 
 from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
 from minisgl_core.logging import setup_logging
@@ -26,20 +27,6 @@ from minisgl_scheduler.worker_client import WorkerClient
 
 log = logging.getLogger("minisgl_scheduler")
 
-_HELP = {
-    "max_running_requests": "requests holding a worker slot at once (also capped by the worker)",
-    "max_queued_requests": "waiting requests; beyond this, submits are refused as OVERLOADED",
-    "max_prefill_tokens": "prefill tokens per step; longer prompts are chunked",
-    "cache": "prefix cache: radix (shared KV pages) or naive (none)",
-    "policy": "admission order: fcfs, or lpm (longest cached prefix first)",
-    "disable_overlap": "collect each step before planning the next (no overlap scheduling)",
-    "decode_reserve_ratio": "share of running requests' remaining max_tokens kept free on admission",
-    "lpm_max_queue": "queue length beyond which lpm falls back to fcfs",
-    "default_max_tokens": "max_tokens for requests that leave it 0",
-}
-_CHOICES = {"cache": ["radix", "naive"], "policy": ["fcfs", "lpm"]}
-
-
 def build_parser() -> ServiceArgs:
     args = ServiceArgs("scheduler", "minisgl scheduler: continuous batching over a worker")
     args.add_common(DEFAULT_PORTS["scheduler"], DEFAULT_METRICS_PORTS["scheduler"])
@@ -49,11 +36,13 @@ def build_parser() -> ServiceArgs:
     args.add("--step-timeout", 600.0, "seconds a step may take before the worker counts as failed",
              float)
     defaults = SchedulerConfig()
+    hints = get_type_hints(SchedulerConfig)
     for f in fields(SchedulerConfig):
         kind = type(getattr(defaults, f.name))
-        extra = {"choices": _CHOICES[f.name]} if f.name in _CHOICES else {}
-        args.add("--" + f.name.replace("_", "-"), getattr(defaults, f.name), _HELP[f.name], kind,
-                 **extra)
+        literal = get_origin(hints[f.name]) is Literal
+        extra = {"choices": list(get_args(hints[f.name]))} if literal else {}
+        args.add("--" + f.name.replace("_", "-"), getattr(defaults, f.name), f.metadata["help"],
+                 kind, **extra)
     return args
 
 

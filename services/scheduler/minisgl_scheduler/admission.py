@@ -1,5 +1,6 @@
 """Admission: what `Scheduler.submit` refuses before a request is queued (with messages for the
-client), and the order and memory reserve the planner admits waiting requests by."""
+client), the request it queues, and the order and memory reserve the planner admits waiting
+requests by."""
 
 from __future__ import annotations
 
@@ -35,6 +36,19 @@ def check_request(info: WorkerInfo, input_ids: list[int], params: SamplingParams
         params.validate()
     except InvalidParams as exc:
         raise InvalidRequest(str(exc)) from None
+
+
+def new_request(info: WorkerInfo, eos_ids: frozenset[int], rid: int, input_ids: list[int],
+                params: SamplingParams, arrival: int) -> Request:
+    """A checked request as it enters the queue: its stop tokens and its output budget clipped
+    to the context window."""
+    stop = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_ids)
+    n = len(input_ids)
+    return Request(
+        rid=rid, prompt_len=n, params=params, max_tokens=min(params.max_tokens,
+                                                             info.max_model_len - n),
+        stop_ids=frozenset(stop), arrival=arrival, tokens=list(input_ids), target=n,
+    )
 
 
 def waiting_order(waiting: list[Request], cache: RadixCache | None,

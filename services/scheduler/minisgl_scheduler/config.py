@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 CacheKind = Literal["radix", "naive"]
@@ -11,24 +11,31 @@ Policy = Literal["fcfs", "lpm"]
 
 @dataclass
 class SchedulerConfig:
-    # Requests holding a slot (prefilling or decoding); also capped by the worker's max_slots.
-    max_running_requests: int = 256
-    # Requests waiting for admission; one more makes `submit` raise Overloaded.
-    max_queued_requests: int = 4096
-    # Prompt tokens computed per step, summed over requests; longer prompts are chunked.
-    max_prefill_tokens: int = 8192
-    cache: CacheKind = "radix"
-    # fcfs: arrival order. lpm: longest cached prefix first (better hit rate under load).
-    policy: Policy = "fcfs"
-    # Launch step N+1 only after step N's tokens came back (simpler, slower).
-    disable_overlap: bool = False
-    # Admission keeps this share of every running request's remaining max_tokens free in the pool,
-    # so new requests rarely force preemptions. 0 admits greedily and relies on preemption.
-    decode_reserve_ratio: float = 0.25
-    # Past this queue length lpm falls back to fcfs: matching every waiting prompt costs CPU.
-    lpm_max_queue: int = 128
-    # max_tokens used when a request leaves it 0 (the proto's "server default").
-    default_max_tokens: int = 16
+    """The `help` metadata of each field is its flag's --help text."""
+
+    max_running_requests: int = field(default=256, metadata={"help": (
+        "requests holding a worker slot at once, prefilling or decoding (also capped by the "
+        "worker's max_slots)")})
+    max_queued_requests: int = field(default=4096, metadata={"help": (
+        "waiting requests; beyond this, submits are refused as OVERLOADED")})
+    max_prefill_tokens: int = field(default=8192, metadata={"help": (
+        "prompt tokens computed per step, summed over requests; longer prompts are chunked")})
+    cache: CacheKind = field(default="radix", metadata={"help": (
+        "prefix cache: radix (shared KV pages) or naive (none)")})
+    policy: Policy = field(default="fcfs", metadata={"help": (
+        "admission order: fcfs (arrival), or lpm (longest cached prefix first: better hit rate "
+        "under load)")})
+    disable_overlap: bool = field(default=False, metadata={"help": (
+        "collect each step before planning the next (no overlap scheduling: simpler, slower)")})
+    # Keeping a share free means new requests rarely force preemptions.
+    decode_reserve_ratio: float = field(default=0.25, metadata={"help": (
+        "share of running requests' remaining max_tokens kept free in the KV pool on admission "
+        "(0: admit greedily and rely on preemption)")})
+    # Matching every waiting prompt against the prefix cache costs CPU on a long queue.
+    lpm_max_queue: int = field(default=128, metadata={"help": (
+        "queue length beyond which lpm falls back to fcfs")})
+    default_max_tokens: int = field(default=16, metadata={"help": (
+        "max_tokens for requests that leave it 0 (the proto's server default)")})
 
     def validate(self) -> None:
         if self.max_running_requests < 1:

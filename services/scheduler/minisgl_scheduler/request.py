@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field, replace
 
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.step import TopLogprobs
+from minisgl_core.step import StepOutput, TopLogprobs
 
 from minisgl_scheduler.errors import SchedulerError
 from minisgl_scheduler.radix import Node
@@ -66,12 +66,9 @@ class Request:
     target: int = 0  # tokens to prefill on this (re)start: prompt + outputs known at admission
     pending_samples: int = 0  # sampled tokens in launched steps not collected yet
     inflight: int = 0  # launched (or being planned) steps that reference this request
-    released: bool = False
     kv_valid: bool = True  # False after a failed step: its pages must not enter the cache
 
     cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
-    num_preemptions: int = 0
-    finish_reason: FinishReason | None = None
 
     @property
     def num_outputs(self) -> int:
@@ -98,3 +95,22 @@ class Request:
             return params
         return replace(params, min_tokens=max(0, params.min_tokens - done),
                        max_tokens=max(1, params.max_tokens - done))
+
+
+def take_token(req: Request, event: TokenEvent, out: StepOutput, i: int) -> FinishReason | None:
+    """Entry `i` of a step's output is `req`'s next token: append it to the request and to the
+    step's event; the reason the request ends with it, if it does."""
+    token = out.token_ids[i]
+    req.tokens.append(token)
+    event.token_ids.append(token)
+    params = req.params
+    if params.logprobs and out.logprobs:
+        event.logprobs.append(out.logprobs[i])
+        if params.top_logprobs and out.top_logprobs:
+            event.top_logprobs.append(out.top_logprobs[i])
+    n = len(req.tokens) - req.prompt_len
+    if token in req.stop_ids and n >= params.min_tokens:
+        return FinishReason.STOP
+    if n >= req.max_tokens:
+        return FinishReason.LENGTH
+    return None

@@ -24,9 +24,9 @@ import logging
 from collections import deque
 
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.step import ReqPlan, StepExecutor, StepOutput, StepPlan, WorkerInfo
+from minisgl_core.step import StepExecutor, StepPlan, WorkerInfo
 
-from minisgl_scheduler.admission import check_request, reserve_pages, waiting_order
+from minisgl_scheduler.admission import check_request, new_request, reserve_pages, waiting_order
 from minisgl_scheduler.config import SchedulerConfig
 from minisgl_scheduler.errors import (
     ErrorCode,
@@ -37,7 +37,7 @@ from minisgl_scheduler.errors import (
 )
 from minisgl_scheduler.kv import KVManager, pages_for
 from minisgl_scheduler.launched import LaunchedStep, check_output
-from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent
+from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent, take_token
 from minisgl_scheduler.stats import SchedulerStats
 
 log = logging.getLogger(__name__)
@@ -82,14 +82,8 @@ class Scheduler:
             raise Overloaded(
                 f"the scheduler queue is full ({len(self.waiting)} waiting requests); retry later"
             )
-        stop = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
-        n = len(input_ids)
         self._arrivals += 1
-        req = Request(
-            rid=rid, prompt_len=n, params=params,
-            max_tokens=min(params.max_tokens, self.info.max_model_len - n),
-            stop_ids=frozenset(stop), arrival=self._arrivals, tokens=list(input_ids), target=n,
-        )
+        req = new_request(self.info, self.eos_ids, rid, input_ids, params, self._arrivals)
         self.reqs[rid] = req
         self.waiting.append(req)  # the newest arrival sorts last
 
@@ -118,11 +112,11 @@ class Scheduler:
         if info is not None:
             self._worker_replaced(info)
         launched = self._plan()
-        if launched.plan.reqs:
+        if launched.reqs:
             self._launch(launched)
         elif not self.inflight and (self.running or self.waiting):
             self._stalled()  # nothing planned, nothing to wait for: a bug, but never a hang
-        keep = 1 if launched.plan.reqs and not self.config.disable_overlap else 0
+        keep = 1 if launched.reqs and not self.config.disable_overlap else 0
         while len(self.inflight) > keep:
             self._collect()
         return self._take_events()
@@ -160,16 +154,18 @@ class Scheduler:
                 continue  # preempted or ended while planning this step
             if req.computed < req.target:  # prefilling
                 if budget > 0 and (n := self._fit_chunk(req, budget)):
-                    self._add_prefill(step, req, n)
+                    self._add_chunk(step, req, n)
                     budget -= n
             elif len(req.tokens) - req.prompt_len + req.pending_samples < req.max_tokens:
                 # can_decode, inlined: this runs for every decoding request every step
                 if req.computed < len(req.pages) * ps:
-                    self._add_decode(step, req)  # its last page has room: the common case
+                    step.add_decode(req)  # its last page has room: the common case
                 elif self._grow(req, req.computed + 1) and req.can_decode:
-                    self._add_decode(step, req)
+                    step.add_decode(req)
         self._admit(step, budget)
         step.seal()
+        self._counters["decode"] += len(step.decode_reqs)
+        self._counters["prefill"] += step.prefill_tokens
         return step
 
     def _fit_chunk(self, req: Request, budget: int) -> int:
@@ -242,50 +238,14 @@ class Scheduler:
                 req.cached_tokens = min(cached, req.prompt_len)
             self._counters["hit"] += cached
             self._counters["query"] += req.target
-            self._add_prefill(step, req, n, start=True)
+            self._add_chunk(step, req, n, start=True)
             budget -= n
             reserve += reserve_pages(req, ps, ratio)
 
-    def _add_prefill(self, step: LaunchedStep, req: Request, n: int, start: bool = False) -> None:
-        begin = req.computed
-        self._add(step, req, req.tokens[begin : begin + n], start=start)
-        self._counters["prefill"] += n
+    def _add_chunk(self, step: LaunchedStep, req: Request, n: int, start: bool = False) -> None:
+        step.add_chunk(req, n, start)
         if not self._poisoned:
             self.kv.cache_prefix(req, req.computed, step.plan.step_id)
-
-    def _add_decode(self, step: LaunchedStep, req: Request) -> None:
-        """`_add(step, req, [])` for a decoding request, without the prefill-only fields."""
-        sent = req.sent_pages
-        step.decode_plans.append(ReqPlan(req.rid, req.slot, req.computed, [], sent,
-                                         req.pages[sent:]))
-        step.decode_reqs.append(req)
-        req.sent_pages = len(req.pages)
-        req.computed += 1
-        req.inflight += 1
-        req.pending_samples += 1
-        self._counters["decode"] += 1
-
-    def _add(self, step: LaunchedStep, req: Request, input_ids: list[int], start: bool = False) -> None:
-        params = req.params
-        sample = not input_ids or req.computed + len(input_ids) == req.target
-        entry = ReqPlan(
-            rid=req.rid, slot=req.slot, cache_len=req.computed, input_ids=input_ids,
-            page_offset=0 if start else req.sent_pages,
-            new_pages=list(req.pages) if start else req.pages[req.sent_pages :],
-            sample=sample, sampling=req.restart_params() if start else None,
-            history_ids=req.tokens[: req.computed] if start and params.needs_penalties else [],
-            num_prompt_tokens=req.prompt_len if start else 0,
-        )
-        step.plan.reqs.append(entry)
-        step.reqs.append(req)
-        req.sent_pages = len(req.pages)
-        req.computed += len(input_ids) or 1
-        req.inflight += 1
-        if sample:
-            step.sampled.append(req)
-            req.pending_samples += 1
-        if not input_ids:
-            self._counters["decode"] += 1
 
     # -- execution -----------------------------------------------------------------------------
 
@@ -316,27 +276,13 @@ class Scheduler:
         for i, req in enumerate(step.sampled):
             req.pending_samples -= 1
             if req.phase is Phase.RUNNING:
-                self._on_token(req, out, i)
+                end = take_token(req, self._event(req), out, i)
+                if end is not None:
+                    self._finish(req, end)
         for req in step.reqs:
             if req.phase is Phase.ENDED:
                 self._maybe_release(req)
         self._maybe_unpoison()
-
-    def _on_token(self, req: Request, out: StepOutput, i: int) -> None:
-        token = out.token_ids[i]
-        req.tokens.append(token)
-        event = self._event(req)
-        event.token_ids.append(token)
-        params = req.params
-        if params.logprobs and out.logprobs:
-            event.logprobs.append(out.logprobs[i])
-            if params.top_logprobs and out.top_logprobs:
-                event.top_logprobs.append(out.top_logprobs[i])
-        n = len(req.tokens) - req.prompt_len
-        if token in req.stop_ids and n >= params.min_tokens:
-            self._finish(req, FinishReason.STOP)
-        elif n >= req.max_tokens:
-            self._finish(req, FinishReason.LENGTH)
 
     def _fail_step(self, step: LaunchedStep, exc: Exception) -> None:
         """A failed step leaves the worker's slots and KV suspect: fail everything running."""
@@ -412,7 +358,6 @@ class Scheduler:
             self.running.remove(req)
             self._zombies.add(req)
         req.phase = Phase.ENDED
-        req.finish_reason = reason
         self.reqs.pop(req.rid, None)
         self._counters["done"] += 1
         self._maybe_release(req)
@@ -434,7 +379,6 @@ class Scheduler:
         self._free_resources(req)
         req.phase = Phase.WAITING
         req.computed, req.target = 0, len(req.tokens)
-        req.num_preemptions += 1
         self._counters["preempt"] += 1
         bisect.insort(self.waiting, req, key=lambda r: r.arrival)
         log.debug("preempted request %d after %d outputs", req.rid, req.num_outputs)

@@ -125,7 +125,7 @@ class WorkerClient(StepExecutor):
         stream = self._stream
         if stream is None or stream.failure is not None:
             stream = self._stream = self._open()
-        stream.outbox.put(plan_to_proto(plan, columnar=self._info.columnar_decodes))
+        stream.outbox.put(plan_to_proto(plan))
         self._sent.append(stream)
 
     def collect(self) -> StepOutput:

@@ -57,71 +57,95 @@ class PlanBuilder:
 
     def validate(self, plan: StepPlan) -> None:
         """Raise InvalidPlan unless `plan` keeps the worker contract. Checked over numpy columns
-        first; only a failing plan walks its requests one by one, for the precise message."""
+        first; only a failing plan walks its entries one by one, for the precise message."""
         if not self._plan_ok(plan):
             self._validate_each(plan)
 
     def _plan_ok(self, plan: StepPlan) -> bool:
-        reqs = plan.reqs
-        if not reqs:
+        d, reqs = plan.decodes, plan.reqs
+        nd = len(d.rids)
+        if not nd and not reqs:
             return True
-        slots = np.array([r.slot for r in reqs], dtype=np.int64)
-        if slots.min() < 0 or slots.max() >= self.max_slots or len(np.unique(slots)) != len(slots):
+        if nd and not d.consistent():
             return False
-        cache = np.array([r.cache_len for r in reqs], dtype=np.int64)
-        offset = np.array([r.page_offset for r in reqs], dtype=np.int64)
-        num_new = np.array([len(r.new_pages) for r in reqs], dtype=np.int64)
-        num_in = np.array([len(r.input_ids) for r in reqs], dtype=np.int64)
-        restart = np.array([r.sampling is not None for r in reqs], dtype=bool)
+        slots = np.array(d.slots + [r.slot for r in reqs], dtype=np.int64)
+        if slots.min() < 0 or slots.max() >= self.max_slots or np.bincount(slots).max() > 1:
+            return False
+        cache = np.array(d.cache_lens + [r.cache_len for r in reqs], dtype=np.int64)
+        offset = np.array(d.page_offsets + [r.page_offset for r in reqs], dtype=np.int64)
+        num_new = np.array(d.new_page_counts + [len(r.new_pages) for r in reqs], dtype=np.int64)
+        num_in = np.ones(len(slots), dtype=np.int64)
+        num_in[nd:] = [len(r.input_ids) for r in reqs]
         end = offset + num_new
-        seq = cache + np.maximum(num_in, 1)
+        seq = cache + num_in
         pages = np.where(num_new > 0, end, self.pages_len[slots])
-        decode = num_in == 0
         if (cache.min() < 0 or offset.min() < 0 or end.max() > self.max_pages
                 or seq.max() > self.max_model_len or (seq > pages * self.page_size).any()
-                or (decode & (restart | ~self.has_future[slots])).any()):
+                or not self.has_future[slots[:nd]].all() or not num_in[nd:].all()):
+            return False
+        if d.new_pages and (min(d.new_pages) < 0 or max(d.new_pages) >= self.num_pages):
             return False
         vocab = self.vocab_size
-        for r in reqs:  # list fields: decode entries mostly have none
+        for r in reqs:  # list fields
             if r.new_pages and (min(r.new_pages) < 0 or max(r.new_pages) >= self.num_pages):
                 return False
-            if r.input_ids and (min(r.input_ids) < 0 or max(r.input_ids) >= vocab):
+            if min(r.input_ids) < 0 or max(r.input_ids) >= vocab:
                 return False
             if r.history_ids and (min(r.history_ids) < 0 or max(r.history_ids) >= vocab):
                 return False
         return True
 
     def _validate_each(self, plan: StepPlan) -> None:
+        d = plan.decodes
+        if not d.consistent():
+            raise InvalidPlan(f"step {plan.step_id}: decode columns of different lengths, or "
+                              "new_page_counts that do not add up to new_pages")
         seen: set[int] = set()
+        at = 0
+        for i, rid in enumerate(d.rids):
+            n = d.new_page_counts[i]
+            self._check_entry(plan.step_id, seen, rid, d.slots[i], d.cache_lens[i], 1,
+                              d.page_offsets[i], d.new_pages[at:at + n])
+            at += n
+            if not self.has_future[d.slots[i]]:
+                raise InvalidPlan(f"step {plan.step_id}, rid {rid}: decode step without a "
+                                  f"sampled token in slot {d.slots[i]}")
         for r in plan.reqs:
             where = f"step {plan.step_id}, rid {r.rid}"
-            if not 0 <= r.slot < self.max_slots:
-                raise InvalidPlan(f"{where}: slot {r.slot} out of range [0, {self.max_slots})")
-            if r.slot in seen:
-                raise InvalidPlan(f"{where}: slot {r.slot} appears twice in one step")
-            seen.add(r.slot)
-            if r.cache_len < 0 or r.page_offset < 0:
-                raise InvalidPlan(f"{where}: cache_len and page_offset must be >= 0")
-            end = r.page_offset + len(r.new_pages)
-            if end > self.max_pages:
-                raise InvalidPlan(f"{where}: page table row overflows ({end} > {self.max_pages})")
-            if r.new_pages and (min(r.new_pages) < 0 or max(r.new_pages) >= self.num_pages):
-                raise InvalidPlan(f"{where}: page ids must be in [0, {self.num_pages})")
-            if r.input_ids and (min(r.input_ids) < 0 or max(r.input_ids) >= self.vocab_size):
+            if not r.input_ids:
+                raise InvalidPlan(f"{where}: a prefill chunk without input_ids (decodes go in "
+                                  "the step's decode columns)")
+            self._check_entry(plan.step_id, seen, r.rid, r.slot, r.cache_len, len(r.input_ids),
+                              r.page_offset, r.new_pages)
+            if min(r.input_ids) < 0 or max(r.input_ids) >= self.vocab_size:
                 raise InvalidPlan(f"{where}: token ids must be in [0, {self.vocab_size})")
             if r.history_ids and (min(r.history_ids) < 0
                                   or max(r.history_ids) >= self.vocab_size):
                 raise InvalidPlan(f"{where}: history ids must be in [0, {self.vocab_size})")
-            if r.is_decode and (r.sampling is not None or not self.has_future[r.slot]):
-                raise InvalidPlan(f"{where}: decode step without a sampled token in slot {r.slot}")
-            seq = r.cache_len + r.num_input_tokens
-            if seq > self.max_model_len:
-                raise InvalidPlan(f"{where}: sequence length {seq} exceeds max_model_len "
-                                  f"{self.max_model_len}")
-            pages = end if r.new_pages else int(self.pages_len[r.slot])
-            if seq > pages * self.page_size:
-                raise InvalidPlan(f"{where}: {seq} tokens need {-(-seq // self.page_size)} "
-                                  f"pages, the slot has {pages}")
+
+    def _check_entry(self, step_id: int, seen: set[int], rid: int, slot: int, cache_len: int,
+                     num_inputs: int, page_offset: int, new_pages: list[int]) -> None:
+        where = f"step {step_id}, rid {rid}"
+        if not 0 <= slot < self.max_slots:
+            raise InvalidPlan(f"{where}: slot {slot} out of range [0, {self.max_slots})")
+        if slot in seen:
+            raise InvalidPlan(f"{where}: slot {slot} appears twice in one step")
+        seen.add(slot)
+        if cache_len < 0 or page_offset < 0:
+            raise InvalidPlan(f"{where}: cache_len and page_offset must be >= 0")
+        end = page_offset + len(new_pages)
+        if end > self.max_pages:
+            raise InvalidPlan(f"{where}: page table row overflows ({end} > {self.max_pages})")
+        if new_pages and (min(new_pages) < 0 or max(new_pages) >= self.num_pages):
+            raise InvalidPlan(f"{where}: page ids must be in [0, {self.num_pages})")
+        seq = cache_len + num_inputs
+        if seq > self.max_model_len:
+            raise InvalidPlan(f"{where}: sequence length {seq} exceeds max_model_len "
+                              f"{self.max_model_len}")
+        pages = end if new_pages else int(self.pages_len[slot])
+        if seq > pages * self.page_size:
+            raise InvalidPlan(f"{where}: {seq} tokens need {-(-seq // self.page_size)} "
+                              f"pages, the slot has {pages}")
 
     # -- state + metadata -----------------------------------------------------------------------
 
@@ -135,9 +159,11 @@ class PlanBuilder:
         `graph_size(B)`, when given, names the CUDA-graph batch size a decode batch of B rows
         runs in (None: no graph): the batch is then built already padded to it, padding rows as
         `attention.base` prescribes, so the graph runner has nothing left to grow on the device.
-        Vectorised over requests: per request only the list fields are touched in Python."""
-        reqs = plan.reqs
-        writes = []
+        The decode columns are read with numpy as they come; per prefill chunk only its list
+        fields are touched in Python."""
+        d, reqs = plan.decodes, plan.reqs
+        nd = len(d.rids)
+        writes = [self._decode_page_writes(plan)] if d.new_pages else []
         for r in reqs:
             if r.new_pages:
                 end = r.page_offset + len(r.new_pages)
@@ -145,15 +171,17 @@ class PlanBuilder:
                 self.pages_len[r.slot] = end
                 writes.append(np.stack([np.full(len(r.new_pages), r.slot),
                                         np.arange(r.page_offset, end), r.new_pages]))
-        b = len(reqs)
+        b = nd + len(reqs)
         ps = self.page_size
-        ext = np.array([len(r.input_ids) or 1 for r in reqs], dtype=np.int64)
-        cache = np.array([r.cache_len for r in reqs], dtype=np.int64)
-        slots = np.array([r.slot for r in reqs], dtype=np.int64)
-        sample = np.array([r.sample for r in reqs], dtype=bool)
-        decode = np.array([not r.input_ids for r in reqs], dtype=bool)
+        ext = np.ones(b, dtype=np.int64)  # decode rows first: one token each
+        cache = np.array(d.cache_lens + [r.cache_len for r in reqs], dtype=np.int64)
+        slots = np.array(d.slots + [r.slot for r in reqs], dtype=np.int64)
+        sample = np.ones(b, dtype=bool)  # every decode samples
+        if reqs:
+            ext[nd:] = [len(r.input_ids) for r in reqs]
+            sample[nd:] = [r.sample for r in reqs]
         self.has_future[slots] = sample  # what the slot holds after this step
-        is_decode = b > 0 and bool((ext == 1).all())
+        is_decode = b > 0 and (not reqs or bool((ext[nd:] == 1).all()))
         bs = (graph_size(b) or b) if is_decode and graph_size is not None else b
         pad = bs - b
         if pad:  # padding rows: seq_len 1, cache_len 0, slot 0, all pages the dummy page
@@ -177,13 +205,11 @@ class PlanBuilder:
         kv_indptr, kv_indices, kv_last = csr_page_layout(seq, rows, ps)
 
         input_ids = np.zeros(t, dtype=np.int64)
-        for i in np.flatnonzero(~decode).tolist():
-            start = int(indptr[i])
-            input_ids[start:start + len(reqs[i].input_ids)] = reqs[i].input_ids
-        starts = indptr[:b]
-        decode_idx, decode_slots = starts[decode], slots[decode]
+        for r, start in zip(reqs, indptr[nd:b].tolist(), strict=True):
+            input_ids[start:start + len(r.input_ids)] = r.input_ids
+        decode_idx, decode_slots = indptr[:nd], slots[:nd]  # row i of a decode is token i
         sample_idx, sample_slots, sample_pos = indptr[1:b + 1][sample] - 1, slots[sample], seq[:b][sample]
-        rids = [r.rid for r in reqs if r.sample]
+        rids = d.rids + [r.rid for r in reqs if r.sample]
         if pad:
             slots = np.concatenate([slots, np.zeros(pad, dtype=np.int64)])
 
@@ -209,6 +235,22 @@ class PlanBuilder:
         step = DeviceStep(batch, ids_d, didx_d, dslots_d, sslots_d, spos_d,
                           sample_slots.tolist(), rids, len(decode_idx), writes_d.view(3, -1))
         return step, page_writes
+
+    def _decode_page_writes(self, plan: StepPlan) -> np.ndarray:
+        """Write the decode entries' new pages into the page-table mirror; their (slot, column,
+        page) triples, int64 [3, N], in entry order."""
+        d = plan.decodes
+        counts = np.array(d.new_page_counts, dtype=np.int64)
+        slots = np.array(d.slots, dtype=np.int64)
+        offsets = np.array(d.page_offsets, dtype=np.int64)
+        pages = np.array(d.new_pages, dtype=np.int64)
+        first = np.cumsum(counts) - counts  # where each entry's pages start in `pages`
+        row = np.repeat(slots, counts)
+        col = np.repeat(offsets - first, counts) + np.arange(len(pages))
+        self.page_table[row, col] = pages
+        grew = counts > 0
+        self.pages_len[slots[grew]] = (offsets + counts)[grew]
+        return np.stack([row, col, pages])
 
     def _upload(self, parts: list[np.ndarray], dtype: type
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

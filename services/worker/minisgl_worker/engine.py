@@ -249,15 +249,14 @@ class Engine(StepExecutor):
     def run_step(self, plan: StepPlan) -> _InFlight:
         """Build and queue the step's work on this rank (the plan is already validated)."""
         started = time.perf_counter()
-        for r in plan.reqs:
+        for r in plan.reqs:  # prefill chunks only: decodes carry nothing the sampler keeps
             if r.sampling is not None:
                 self.sampler.set_slot(r.slot, r.sampling, r.history_ids,
                                       r.num_prompt_tokens or None)
-            if r.input_ids:
-                self.sampler.observe_inputs(r.slot, r.input_ids, r.cache_len)
+            self.sampler.observe_inputs(r.slot, r.input_ids, r.cache_len)
         step = self._upload(plan, pad_for_graph=True)
         rids = step.sample_rids
-        if not plan.reqs:
+        if not plan.num_entries:
             return _InFlight(plan.step_id, [], None, None, None, None, False, None, started, 0.0)
         out, is_logits = self._forward(step)
         tokens = logprobs = top_ids = top_lp = None
@@ -266,7 +265,7 @@ class Engine(StepExecutor):
             # The activation dtype: the sampler reads it directly on its fast paths.
             if not is_logits:
                 logits = self.model.compute_logits(out[step.batch.sample_indices], fp32=False)
-            elif len(rids) == len(plan.reqs):  # every row samples: the leading rows, no copy
+            elif len(rids) == plan.num_entries:  # every row samples: the leading rows, no copy
                 logits = out[: len(rids)]
             else:
                 logits = out[step.batch.sample_indices]
