@@ -7,8 +7,11 @@ to all services (`--log-level`) read `MINISGL_LOG_LEVEL`. Flags always win over 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 from typing import Any
+
+from minisgl_core import logging as core_logging
 
 # Default loopback ports of the local stack (`minisgl serve`); each service's --port overrides.
 DEFAULT_PORTS = {
@@ -25,6 +28,14 @@ DEFAULT_METRICS_PORTS = {
     "scheduler": 9163,
     "worker": 9164,
 }
+
+
+def version() -> str:
+    """The installed minisgl version (every package of the repository shares it)."""
+    try:
+        return importlib.metadata.version("minisgl-core")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def env_name(service: str, flag: str) -> str:
@@ -51,6 +62,13 @@ class ServiceArgs:
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
             epilog=f"Every flag --x-y may also be set as MINISGL_{service.upper()}_X_Y.",
         )
+        self.parser.add_argument("--version", action="version",
+                                 version=f"minisgl-{service} {version()}")
+        self.parser.add_argument(
+            "--log-format", default=os.environ.get("MINISGL_LOG_FORMAT", "auto"),
+            choices=core_logging.LOG_FORMATS,
+            help="text or json lines; auto: text on a terminal, json otherwise "
+            "(env MINISGL_LOG_FORMAT)")
 
     def add(self, flag: str, default: Any, help: str, kind: type = str, **kw: Any) -> None:
         name = flag.lstrip("-")
@@ -86,4 +104,7 @@ class ServiceArgs:
             "(env MINISGL_INTERNAL_TLS_DIR; '': plaintext)")
 
     def parse(self, argv: list[str] | None = None) -> argparse.Namespace:
-        return self.parser.parse_args(argv)
+        ns = self.parser.parse_args(argv)
+        # setup_logging reads it from there, so each service's main needs no change for it.
+        core_logging.default_format = ns.log_format
+        return ns

@@ -72,15 +72,18 @@ def plan_to_proto(plan: StepPlan, columnar: bool = False) -> worker_pb2.StepRequ
             rid=r.rid, slot=r.slot, cache_len=r.cache_len, input_ids=r.input_ids,
             page_offset=r.page_offset, new_pages=r.new_pages, sample=r.sample,
             history_ids=r.history_ids, num_prompt_tokens=r.num_prompt_tokens,
+            request_id=r.request_id,
         )
         if r.sampling is not None:
             m.sampling.CopyFrom(sampling_to_proto(r.sampling))
+    if plan.traceparents:
+        msg.traceparents.extend(plan.traceparents)
     return msg
 
 
 def _plain_decode(r: ReqPlan) -> bool:
     return (not r.input_ids and r.sample and r.sampling is None and not r.history_ids
-            and not r.num_prompt_tokens)
+            and not r.num_prompt_tokens and not r.request_id)
 
 
 def worker_sampling_from_proto(m: common_pb2.SamplingParams) -> SamplingParams:
@@ -100,10 +103,11 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
             page_offset=m.page_offset, new_pages=list(m.new_pages), sample=m.sample,
             sampling=worker_sampling_from_proto(m.sampling) if m.HasField("sampling") else None,
             history_ids=list(m.history_ids), num_prompt_tokens=m.num_prompt_tokens,
+            request_id=m.request_id,
         )
         for m in msg.requests
     )
-    return StepPlan(step_id=msg.step_id, reqs=reqs)
+    return StepPlan(step_id=msg.step_id, reqs=reqs, traceparents=list(msg.traceparents))
 
 
 def _decodes_from_proto(d: worker_pb2.DecodeEntries) -> list[ReqPlan]:

@@ -38,6 +38,8 @@ class ReqPlan:
     # On (re)start: the original prompt's length; later positions of history_ids / input_ids are
     # outputs from before a preemption (presence/frequency penalties count them). 0: unknown.
     num_prompt_tokens: int = 0
+    # On (re)start, while the scheduler logs or traces requests: the client's x-request-id.
+    request_id: str = ""
 
     @property
     def num_input_tokens(self) -> int:
@@ -52,6 +54,8 @@ class ReqPlan:
 class StepPlan:
     step_id: int
     reqs: list[ReqPlan] = field(default_factory=list)
+    # Traceparents of the traced prefill chunks in this step (usually none): the worker's span.
+    traceparents: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
