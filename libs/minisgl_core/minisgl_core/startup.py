@@ -22,7 +22,7 @@ log = logging.getLogger("minisgl.startup")
 
 def _port_of(text: str) -> str:
     for word in text.replace("'", " ").replace('"', " ").split():
-        host, sep, port = word.rpartition(":")
+        host, sep, port = word.strip(".,;:()[]").rpartition(":")
         if sep and port.isdigit():
             return port
     return ""
