@@ -83,7 +83,7 @@ def plan_to_proto(plan: StepPlan, columnar: bool = False) -> worker_pb2.StepRequ
 
 def _plain_decode(r: ReqPlan) -> bool:
     return (not r.input_ids and r.sample and r.sampling is None and not r.history_ids
-            and not r.num_prompt_tokens and not r.request_id)
+            and not r.num_prompt_tokens)
 
 
 def worker_sampling_from_proto(m: common_pb2.SamplingParams) -> SamplingParams:

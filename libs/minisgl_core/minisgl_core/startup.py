@@ -48,10 +48,14 @@ def explain(exc: BaseException) -> str:
         return (f"CUDA is not usable ({text}): check the GPU with nvidia-smi, or run on CPU with "
                 f"--device cpu")
     if name == "WorkerFailed" or "worker" in lower and any(
-            w in lower for w in ("unreachable", "not reachable", "did not answer", "unavailable",
-                                 "not healthy", "waiting")):
+            w in lower for w in ("unreachable", "cannot reach", "not reachable", "did not answer",
+                                 "unavailable", "not healthy", "waiting")):
         return (f"the worker is unreachable ({text}): start the worker first, or fix --worker "
                 f"(and --worker-timeout)")
+    if "upstreams not ready" in lower:
+        return (f"the gateway's upstreams did not come up ({text}): start the tokenizer, "
+                f"detokenizer and scheduler first, or fix --tokenizer / --detokenizer / "
+                f"--scheduler (and --startup-timeout)")
     if isinstance(exc, PermissionError):
         return f"permission denied ({text}): check the path's owner and mode"
     if isinstance(exc, MemoryError) or "out of memory" in lower:

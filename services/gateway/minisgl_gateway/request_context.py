@@ -15,14 +15,15 @@ import contextlib
 import re
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisgl_core import tracing
 from minisgl_core.logging import REQUEST_ID
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:  # imported at run time only with tracing on
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
 
 HEADER = "x-request-id"
 _USABLE = re.compile(r"^[\x21-\x7e]{1,128}$")  # visible ASCII, what a header and a log line hold
@@ -42,6 +43,8 @@ def traceparent() -> str:
     """The current request span as a W3C traceparent; empty when tracing is off or unsampled."""
     if not tracing.ENABLED:
         return ""
+    from opentelemetry import trace
+
     return tracing.traceparent_of(trace.get_current_span())
 
 
@@ -64,6 +67,10 @@ def request_scope(request_id: str, name: str, parent: otel_context.Context | Non
     span: trace.Span | None = None
     ctx_token = None
     if tracing.ENABLED:
+        from opentelemetry import context as otel_context
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
         span = tracing.start_span(name, parent, {**attributes, "minisgl.request_id": request_id},
                                   kind=SpanKind.SERVER)
         ctx_token = otel_context.attach(trace.set_span_in_context(span))
@@ -71,6 +78,8 @@ def request_scope(request_id: str, name: str, parent: otel_context.Context | Non
         yield span
     finally:
         if ctx_token is not None:
+            from opentelemetry import context as otel_context
+
             otel_context.detach(ctx_token)
         if span is not None:
             span.end()
@@ -107,6 +116,8 @@ class RequestContextMiddleware:
                         status = int(message["status"])
                         span.set_attribute("http.response.status_code", status)
                         if status >= 500:
+                            from opentelemetry.trace import Status, StatusCode
+
                             span.set_status(Status(StatusCode.ERROR))
                         span.add_event("first_byte")
                 elif span is not None and not message.get("more_body", False):

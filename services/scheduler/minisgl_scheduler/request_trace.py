@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from minisgl_core import tracing
 from minisgl_core.logging import log_fields
-from opentelemetry.trace import Span, Status, StatusCode
 
 from minisgl_scheduler.launched import LaunchedStep
 from minisgl_scheduler.request import FinishReason, Phase, Request
+
+if TYPE_CHECKING:  # opentelemetry is imported at run time only with tracing on
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 
@@ -132,5 +135,7 @@ class RequestTraces:
                 "minisgl.decode_steps": t.decode_steps, "minisgl.max_batch_size": t.max_batch,
                 "minisgl.output_tokens": req.num_outputs, "minisgl.finish_reason": reason})
             if req.finish_reason is FinishReason.ERROR:
+                from opentelemetry.trace import Status, StatusCode
+
                 t.decode.set_status(Status(StatusCode.ERROR))
             t.decode.end()

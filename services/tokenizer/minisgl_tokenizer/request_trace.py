@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisgl_core import tracing
 from minisgl_core.logging import REQUEST_ID, log_fields
 from minisgl_core.proto.minisgl.v1 import detokenizer_pb2
-from opentelemetry.trace import Span, SpanKind
+
+if TYPE_CHECKING:  # opentelemetry is imported at run time only with tracing on
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,8 @@ def tokenize_scope(metadata: Any, num_items: int) -> Iterator[None]:
     token = REQUEST_ID.set(rid)
     span: Span | None = None
     if tracing.ENABLED:
+        from opentelemetry.trace import SpanKind
+
         parent = tracing.context_from_metadata(metadata)
         if parent is not None:
             span = tracing.start_span("tokenize", parent, {"minisgl.items": num_items,

@@ -10,12 +10,15 @@ Per step, with tracing off and no debug logging, this is two cheap checks.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from minisgl_core import tracing
 from minisgl_core.logging import log_fields
 from minisgl_core.proto.minisgl.v1 import worker_pb2
 from minisgl_core.step import StepOutput, StepPlan
-from opentelemetry.trace import Span
+
+if TYPE_CHECKING:  # opentelemetry is imported at run time only with tracing on
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 
