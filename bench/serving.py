@@ -411,9 +411,10 @@ def _run_stack(args, levels: list[int], workload, record: dict, otel: str) -> li
     finally:
         if stack is not None:
             stack.stop()
-        if sink is not None:
+        if sink is not None:  # after the stop: the services flush their spans at exit
             for rec in records:
                 rec["otel_spans_received"] = sink.count
+            print(json.dumps({"otel": otel, "otel_spans_received": sink.count}), flush=True)
             sink.stop()
     return records
 
