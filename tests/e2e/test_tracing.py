@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import openai
 import pytest
 from minisgl.launcher import Stack, StackConfig, free_port
@@ -130,3 +131,15 @@ def test_grpc_api_takes_traceparent_and_returns_request_id(
     assert root.name == "minisgl.v1.Generation/GenerateStream"
     assert root.attributes["minisgl.request_id"] == sent_back["x-request-id"]
     assert {s.service for s in spans} == {f"minisgl-{n}" for n in SERVICES}
+
+
+def test_http_request_id_generated_when_absent_or_unusable(
+        traced: tuple[Stack, OtlpSink, Path]) -> None:
+    stack, _, _ = traced
+    generated = httpx.get(stack.http_url + "/health").headers["x-request-id"]
+    assert len(generated) == 32 and int(generated, 16) >= 0
+    replaced = httpx.get(stack.http_url + "/health",
+                         headers={"x-request-id": "has space"}).headers["x-request-id"]
+    assert replaced != "has space" and len(replaced) == 32
+    kept = httpx.get(stack.http_url + "/health", headers={"x-request-id": "abc-123"})
+    assert kept.headers["x-request-id"] == "abc-123"
