@@ -18,6 +18,11 @@ if [ -d "$here/.whl" ]; then
     python3 -m pip install -q --no-index --find-links "$here/.whl/py" fastapi uvicorn jinja2 \
       prometheus-client grpcio-health-checking grpcio-reflection einops tabulate httpx \
       >/tmp/gpu_env_pip.log 2>&1 || { echo "gpu_env: service wheels did not install:"; tail -3 /tmp/gpu_env_pip.log; }
+    # Optional: tracing (bench/serving.py --otel) and progress bars; without them the services
+    # run untraced and without bars. Fill .whl/py with: pip download ... -d .whl/py
+    #   opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc tqdm  (pure Python)
+    python3 -m pip install -q --no-index --find-links "$here/.whl/py" opentelemetry-sdk \
+      opentelemetry-exporter-otlp-proto-grpc tqdm >/dev/null 2>&1 || true
     # Optional: uvicorn uses httptools when present (the gateway declares it), h11 otherwise.
     python3 -m pip install -q --no-index --find-links "$here/.whl/py" httptools >/dev/null 2>&1 || true
     # For tests/gpu (make test-gpu PY=python3), where the image lacks pytest.

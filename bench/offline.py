@@ -111,7 +111,7 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
               for n in out_lens]
     warm_up(llm, args.temperature)
     start = time.perf_counter()
-    results = llm.generate(prompts, params)
+    results = llm.generate(prompts, params, progress=True)  # a bar on a terminal only
     elapsed = time.perf_counter() - start
     produced = sum(len(r["token_ids"]) for r in results)
     assert produced == sum(out_lens), (produced, sum(out_lens))

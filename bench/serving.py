@@ -10,6 +10,9 @@
     python -m bench.serving --launch --model ... --internal-auth mtls
     # the cost of vLLM-compatible metric names, scraped every second like Prometheus would
     python -m bench.serving --launch --model ... --scrape-interval 1 --metrics-compat vllm
+    # the cost of tracing: the same load on a stack without tracing, then on one that traces
+    # every request (OTLP export to an in-process collector), and the throughput ratio
+    python -m bench.serving --launch --model ... --otel both
 
 Workloads: `random` (nano-vllm's: token-id prompts, ignore_eos) or `shared-prefix` (a common system
 prompt followed by a random suffix). Load: fixed concurrency, or a Poisson request rate.
@@ -159,9 +162,15 @@ async def _drive(args, workload: list[tuple[list[int], int]], url: str, target: 
         def send(p, n):
             return grpc_request(stubs[next(turn) % len(stubs)], pb, p, n)
 
+    from minisgl_core.progress import Counter
+
+    bar = Counter(len(workload), desc=f"{args.protocol} x{args.concurrency}", unit="req")
+
     async def one(prompt: list[int], max_tokens: int) -> Result:
         async with sem:
-            return await send(prompt, max_tokens)
+            result = await send(prompt, max_tokens)
+        bar.update()
+        return result
 
     start = time.time()
     tasks = []
@@ -171,6 +180,7 @@ async def _drive(args, workload: list[tuple[list[int], int]], url: str, target: 
             await asyncio.sleep(rng.expovariate(args.request_rate))
     results = await asyncio.gather(*tasks)
     end = time.time()
+    bar.close()
     for close in closers:
         await close()
     return list(results), start, end
@@ -320,6 +330,13 @@ def main() -> int:
                    help="with --launch: the services' --metrics-compat (vLLM metric names)")
     p.add_argument("--scrape-interval", type=float, default=0.0,
                    help="with --launch: GET every /metrics this often during the load (0: never)")
+    p.add_argument("--otel", choices=["off", "on", "both"], default="off",
+                   help="with --launch: tracing off, on (every request traced and exported over "
+                        "OTLP/gRPC to an in-process collector), or both (two stacks, one after "
+                        "the other, and the on/off throughput ratio)")
+    p.add_argument("--otel-sampler", default="parentbased_always_on",
+                   help="OTEL_TRACES_SAMPLER of the traced stack (with --otel-sampler-arg)")
+    p.add_argument("--otel-sampler-arg", default="")
     p.add_argument("--json", default=None)
     p.add_argument("--samples", default=None,
                    help="append per-request TTFT and ITL samples (JSON lines) for bench/common/plot.py")
@@ -329,8 +346,37 @@ def main() -> int:
     record: dict = {}
     if args.compare_in_process:
         record["in_process_tok_s"] = round(in_process(args, workload), 1)
-    stack = None
+    if args.otel != "off" and not args.launch:
+        p.error("--otel needs --launch")
+    records = []
+    for otel in (["off", "on"] if args.otel == "both" else [args.otel]):
+        records += _run_stack(args, levels, workload, record, otel)
+    by_mode = {(r.get("otel"), r["concurrency"]): r["output_tok_s"] for r in records
+               if "concurrency" in r}
+    for level in levels:
+        if ("off", level) in by_mode and ("on", level) in by_mode and by_mode[("off", level)]:
+            ratio = {"concurrency": level, "otel_on_over_off": round(
+                by_mode[("on", level)] / by_mode[("off", level)], 4)}
+            print(json.dumps(ratio), flush=True)
+    if args.json:
+        with open(args.json, "a") as f:
+            f.writelines(json.dumps(rec) + "\n" for rec in records)
+    return 0
+
+
+def _run_stack(args, levels: list[int], workload, record: dict, otel: str) -> list[dict]:
+    """Launch a stack (with --launch; tracing per `otel`), run each load level, stop it."""
+    stack = sink = None
+    env: dict[str, str] = {}
+    if otel == "on":
+        from minisgl_core.otlp_sink import OtlpSink
+
+        sink = OtlpSink(keep=False).start()  # counts spans, keeps none
+        env = sink.env(args.otel_sampler)
+        if args.otel_sampler_arg:
+            env["OTEL_TRACES_SAMPLER_ARG"] = args.otel_sampler_arg
     if args.launch:
+        record = {**record, "otel": otel}
         import shlex
 
         from minisgl.launcher import Stack, StackConfig, free_port
@@ -349,7 +395,7 @@ def main() -> int:
                                   gateway_replicas=args.gateway_replicas,
                                   internal_token=args.internal_auth != "none",
                                   internal_tls_dir=tls_dir,
-                                  env={"MINISGL_METRICS_COMPAT": args.metrics_compat},
+                                  env={**env, "MINISGL_METRICS_COMPAT": args.metrics_compat},
                                   startup_timeout=900)).start()
         args.url, args.grpc_target = stack.http_url, stack.grpc_target
         record["metrics_compat"] = args.metrics_compat
@@ -380,10 +426,12 @@ def main() -> int:
     finally:
         if stack is not None:
             stack.stop()
-    if args.json:
-        with open(args.json, "a") as f:
-            f.writelines(json.dumps(rec) + "\n" for rec in records)
-    return 0
+        if sink is not None:  # after the stop: the services flush their spans at exit
+            for rec in records:
+                rec["otel_spans_received"] = sink.count
+            print(json.dumps({"otel": otel, "otel_spans_received": sink.count}), flush=True)
+            sink.stop()
+    return records
 
 
 if __name__ == "__main__":

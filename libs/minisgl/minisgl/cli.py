@@ -10,8 +10,9 @@ import sys
 import threading
 from pathlib import Path
 
-from minisgl_core.config import DEFAULT_PORTS
-from minisgl_core.logging import setup_logging
+from minisgl_core.config import DEFAULT_PORTS, version
+from minisgl_core.logging import LOG_FORMATS
+from minisgl_core.startup import begin, report_failure
 
 from minisgl.launcher import Stack, StackConfig
 
@@ -28,6 +29,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-port", type=int, default=DEFAULT_PORTS["gateway_grpc"],
                    help="public gRPC port")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
+                   help="text or json lines, for the launcher and every service; auto: text on "
+                        "a terminal, json otherwise")
     p.add_argument("--gateway-replicas", type=int, default=1,
                    help="gateway processes sharing the public ports (one carries ~10k "
                         "streamed tokens/s)")
@@ -42,12 +46,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    setup_logging("launcher", args.log_level)
+    begin("launcher", args.log_level, args.log_format)
     extra = {n: shlex.split(getattr(args, f"{n}_args")) for n in
              ("worker", "scheduler", "tokenizer", "detokenizer", "gateway")}
     stack = Stack(StackConfig(model_path=args.model, host=args.host, http_port=args.port,
                               grpc_port=args.grpc_port, extra_args=extra,
-                              log_level=args.log_level,
+                              log_level=args.log_level, log_format=args.log_format,
                               gateway_replicas=max(1, args.gateway_replicas),
                               internal_token=args.internal_token,
                               internal_tls_dir=args.internal_tls_dir))
@@ -57,7 +61,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         stack.start()
     except Exception as exc:  # start() already stopped what it had started
-        logging.getLogger("minisgl").error("start-up failed: %s", exc)
+        report_failure(exc)
         return 1
     print(
         f"\nminisgl is serving {args.model}\n"
@@ -79,6 +83,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minisgl", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"minisgl {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("shell", help="chat with a gateway (or a local stack) in the terminal",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from minisgl_core.config import DEFAULT_PORTS, env_default
+from minisgl_core.logging import log_fields
 from minisgl_core.security import TLS_DIR_ENV, TOKEN_FILE_ENV, InternalSecurity
 from minisgl_core.serving import wait_for_health
 
@@ -81,6 +82,7 @@ class StackConfig:
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None  # None: children write to this process's stderr
     log_level: str = "info"
+    log_format: str = "auto"  # text | json | auto (text when the service's stderr is a terminal)
     metrics: bool = True
     startup_timeout: float = 180.0
     # Gateway processes sharing the public ports (SO_REUSEPORT): one Python event loop carries
@@ -103,6 +105,7 @@ class Stack:
         self.metrics_ports = {k: (free_port() if config.metrics else 0) for k in self.ports}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
+        self._spawned_at: dict[str, float] = {}
         self.token_file: Path | None = None
         # The launcher's own health checks present a client certificate when mTLS is on.
         self.security = InternalSecurity.load(
@@ -141,7 +144,7 @@ class Stack:
 
     def _command(self, name: str) -> list[str]:
         cfg, py = self.config, [sys.executable, "-m"]
-        common = ["--log-level", cfg.log_level]
+        common = ["--log-level", cfg.log_level, "--log-format", cfg.log_format]
         if name != "gateway":
             common += ["--host", "127.0.0.1", "--port", str(self.ports[name]),
                        "--metrics-port", str(self.metrics_ports[name])]
@@ -169,12 +172,19 @@ class Stack:
             self._logs.append(out)
         env = {**os.environ, **self._security_env(name), **self.config.env,
                "PYTHONUNBUFFERED": "1"}
+        self._spawned_at[key or name] = time.monotonic()
         self.processes[key or name] = subprocess.Popen(
             self._command(name), stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
             preexec_fn=_die_with_parent, start_new_session=True,
         )
 
     def _wait(self, name: str, target: str, deadline: float) -> None:
+        self._wait_healthy(name, target, deadline)
+        # `minisgl serve` shows each service as it comes up, with the time since its start.
+        took = time.monotonic() - self._spawned_at.get(name, time.monotonic())
+        log.info("%s ready in %.1fs", name, took, extra=log_fields(ready=name, seconds=round(took, 2)))
+
+    def _wait_healthy(self, name: str, target: str, deadline: float) -> None:
         while True:
             proc = self.processes[name]
             if proc.poll() is not None:

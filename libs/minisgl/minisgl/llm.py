@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from minisgl_core.gc_pause import freeze_startup_objects, thaw
+from minisgl_core.progress import Counter
 from minisgl_core.sampling import SamplingParams
 from minisgl_scheduler import Overloaded, Scheduler, SchedulerConfig, SchedulerError
 from tokenizers import Tokenizer
@@ -58,12 +59,14 @@ class LLM:
         self,
         prompts: Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        progress: bool = False,
     ) -> list[dict[str, Any]]:
         """Run every prompt to completion; results keep the order of `prompts`.
 
         Each result: text, token_ids (output, including a final stop token), finish_reason
         ("stop" | "length"), prompt_tokens, cached_tokens. A refused or failed request raises its
-        SchedulerError (the others are aborted first).
+        SchedulerError (the others are aborted first). `progress`: a bar of finished requests
+        on a terminal (minisgl_core.progress).
         """
         if isinstance(prompts, str):
             raise TypeError("generate() takes a list of prompts")
@@ -80,6 +83,7 @@ class LLM:
              "cached_tokens": 0} for _ in prompts
         ]
         done = 0
+        bar = Counter(len(prompts), desc="requests", unit="req") if progress else None
         try:
             while done < len(prompts):
                 while pending:  # submit as many as the queue takes; the rest after a step
@@ -103,12 +107,17 @@ class LLM:
                             raise ev.error
                         out["finish_reason"] = ev.finish_reason.value
                         done += 1
+                        if bar is not None:
+                            bar.update()
         except BaseException:
             for rid in rid_of:
                 self.scheduler.abort(rid)
             while self.scheduler.has_work():  # give their pages back before raising
                 self.scheduler.step()
             raise
+        finally:
+            if bar is not None:
+                bar.close()
         for out in results:
             out["text"] = self.decode(out["token_ids"])
         return results

@@ -7,9 +7,11 @@ to all services (`--log-level`) read `MINISGL_LOG_LEVEL`. Flags always win over 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 from typing import Any
 
+from minisgl_core import logging as core_logging
 from minisgl_core.metrics_compat import MODES as COMPAT_MODES
 from minisgl_core.metrics_compat import set_compat
 
@@ -28,6 +30,14 @@ DEFAULT_METRICS_PORTS = {
     "scheduler": 9163,
     "worker": 9164,
 }
+
+
+def version() -> str:
+    """The installed minisgl version (every package of the repository shares it)."""
+    try:
+        return importlib.metadata.version("minisgl-core")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def env_name(service: str, flag: str) -> str:
@@ -58,6 +68,13 @@ class ServiceArgs:
             "--metrics-compat", default=os.environ.get("MINISGL_METRICS_COMPAT", "off"),
             choices=list(COMPAT_MODES), help="also export metrics under another server's names "
             "('vllm': vllm:* for vLLM's dashboards and routers; env MINISGL_METRICS_COMPAT)")
+        self.parser.add_argument("--version", action="version",
+                                 version=f"minisgl-{service} {version()}")
+        self.parser.add_argument(
+            "--log-format", default=os.environ.get("MINISGL_LOG_FORMAT", "auto"),
+            choices=core_logging.LOG_FORMATS,
+            help="text or json lines; auto: text on a terminal, json otherwise "
+            "(env MINISGL_LOG_FORMAT)")
 
     def add(self, flag: str, default: Any, help: str, kind: type = str, **kw: Any) -> None:
         name = flag.lstrip("-")
@@ -95,4 +112,6 @@ class ServiceArgs:
     def parse(self, argv: list[str] | None = None) -> argparse.Namespace:
         ns = self.parser.parse_args(argv)
         set_compat(ns.metrics_compat)  # process-wide, like the metrics registry it extends
+        # setup_logging reads it from there, so each service's main needs no change for it.
+        core_logging.default_format = ns.log_format
         return ns

@@ -71,7 +71,6 @@ def sampling_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
     return m
 
 
-
 # -- worker messages -----------------------------------------------------------------------------
 
 def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
@@ -92,9 +91,12 @@ def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
             rid=r.rid, slot=r.slot, cache_len=r.cache_len, input_ids=r.input_ids,
             page_offset=r.page_offset, new_pages=r.new_pages, sample=r.sample,
             history_ids=r.history_ids, num_prompt_tokens=r.num_prompt_tokens,
+            request_id=r.request_id,
         )
         if r.sampling is not None:
             rp.sampling.CopyFrom(sampling_to_proto(r.sampling))
+    if plan.traceparents:
+        msg.traceparents.extend(plan.traceparents)
     return msg
 
 
@@ -116,10 +118,11 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
             page_offset=m.page_offset, new_pages=list(m.new_pages), sample=m.sample,
             sampling=worker_sampling_from_proto(m.sampling) if m.HasField("sampling") else None,
             history_ids=list(m.history_ids), num_prompt_tokens=m.num_prompt_tokens,
+            request_id=m.request_id,
         )
         for m in msg.requests
     ]
-    plan = StepPlan(step_id=msg.step_id, reqs=reqs)
+    plan = StepPlan(step_id=msg.step_id, reqs=reqs, traceparents=list(msg.traceparents))
     if msg.HasField("decodes"):
         d = msg.decodes
         plan.decodes = decodes = DecodeEntries(

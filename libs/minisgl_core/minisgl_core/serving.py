@@ -17,8 +17,10 @@ binds unless `metrics_host` says otherwise.
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -116,6 +118,7 @@ class ServiceHost:
         if self._reflection:
             reflection.enable_server_reflection([*self._service_names, reflection.SERVICE_NAME],
                                                 self.server)
+        _check_port_free(self.name, self.address)
         creds = self.security.server_credentials()
         if creds is not None:
             self.bound_port = self.server.add_secure_port(self.address, creds)
@@ -186,6 +189,25 @@ class ServiceHost:
         while not stop_requested.wait(0.5):
             pass
         self.stop(drain_timeout)
+
+
+def _check_port_free(name: str, address: str) -> None:
+    """Refuse a port something already listens on, with our own message: gRPC would print its
+    C-core error lines on stderr first (and shares ports held with SO_REUSEPORT)."""
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    if not port_text.isdigit() or int(port_text) == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, int(port_text)))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise RuntimeError(f"{name}: cannot listen on {address}: address already in use"
+                               ) from None
+        # Anything else (a host name, no IPv6): gRPC's own bind decides.
 
 
 def wait_for_health(target: str, timeout: float = 60.0, service: str = "",

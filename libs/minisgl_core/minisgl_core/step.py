@@ -86,6 +86,8 @@ class ReqPlan:
     # On (re)start: the original prompt's length; later positions of history_ids / input_ids are
     # outputs from before a preemption (presence/frequency penalties count them). 0: unknown.
     num_prompt_tokens: int = 0
+    # On (re)start, while the scheduler logs or traces requests: the client's x-request-id.
+    request_id: str = ""
 
 
 @dataclass(slots=True)
@@ -93,6 +95,9 @@ class StepPlan:
     step_id: int
     reqs: list[ReqPlan] = field(default_factory=list)  # prefill chunks, after the decodes
     decodes: DecodeEntries = field(default_factory=DecodeEntries)
+    reqs: list[ReqPlan] = field(default_factory=list)
+    # Traceparents of the traced prefill chunks in this step (usually none): the worker's span.
+    traceparents: list[str] = field(default_factory=list)
 
     @property
     def num_entries(self) -> int:

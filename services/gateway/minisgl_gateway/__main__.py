@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 
-from minisgl_core.logging import setup_logging
+from minisgl_core.startup import begin, report_failure
 
 from minisgl_gateway.config import GatewayConfig, parse_config
 from minisgl_gateway.server import GatewayServer
@@ -18,14 +17,14 @@ async def _serve(config: GatewayConfig) -> int:
     try:
         await GatewayServer(config).run()
     except (TimeoutError, RuntimeError, OSError) as exc:
-        logging.getLogger("minisgl_gateway").error("gateway failed: %s", exc)
+        report_failure(exc, "gateway")
         return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
-    setup_logging("gateway", config.log_level)
+    begin("gateway", config.log_level)
     return asyncio.run(_serve(config))
 
 

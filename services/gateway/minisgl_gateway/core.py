@@ -25,6 +25,7 @@ from minisgl_gateway.errors import ApiError, from_rpc_error, from_upstream, inva
 from minisgl_gateway.errors import unavailable as unavailable_error
 from minisgl_gateway.job import Job, model_error
 from minisgl_gateway.pipeline import Pipeline
+from minisgl_gateway.request_context import upstream_metadata
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,8 @@ class Gateway:
             limit = min(limit, self.limits.max_prompt_tokens)
         request = tokenizer_pb2.TokenizeRequest(items=job.prompts, max_prompt_tokens=limit)
         try:
-            reply = await self._tokenizer.Tokenize(request, timeout=self.config.upstream_timeout)
+            reply = await self._tokenizer.Tokenize(request, timeout=self.config.upstream_timeout,
+                                                   metadata=upstream_metadata())
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error("tokenizer", exc, self.limits.retry_after_s) from None
         if len(reply.results) != len(job.prompts):

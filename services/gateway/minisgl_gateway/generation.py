@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from minisgl_core.logging import log_fields
+from minisgl_core.logging import REQUEST_ID, log_fields
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
 from minisgl_gateway import metrics
 from minisgl_gateway.core import Gateway
 from minisgl_gateway.job import Job, check_job, choice_seed, resolve_max_tokens
+from minisgl_gateway.request_context import traceparent
 from minisgl_gateway.sequence import EventSink, Sequence, StepEvent
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class Generation:
         gw, job = self.gateway, self.job
         info = gw.info
         prompts = await gw.tokenize(job)
+        # Every sequence of the request carries its id and trace context to each service.
+        trace_ctx, request_id = traceparent(), REQUEST_ID.get()
         budgets = [resolve_max_tokens(job, len(ids), info.max_model_len, gw.limits)
                    for ids in prompts]
         self._prompt_lens = [len(ids) for ids in prompts]
@@ -95,7 +98,7 @@ class Generation:
                 if job.sampling.HasField("seed"):
                     sampling.seed = choice_seed(job.sampling.seed, j)
                 self._seqs.append(gw.pipeline.submit(ids, sampling, job.stop, p * job.n + j,
-                                                     self._sink))
+                                                     self._sink, trace_ctx, request_id))
 
     async def chunks(self) -> AsyncIterator[list[ChoiceChunk]]:
         """Chunks as they come, several choices per item; raises ApiError if a choice fails."""

@@ -17,6 +17,8 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+from minisgl_core import tracing
+from minisgl_core.logging import REQUEST_ID
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     generation_pb2,
@@ -30,6 +32,8 @@ from minisgl_gateway.core import Gateway
 from minisgl_gateway.errors import ApiError, invalid
 from minisgl_gateway.generation import ChoiceChunk, Generation, Usage
 from minisgl_gateway.job import Job
+from minisgl_gateway.request_context import HEADER, grpc_request_id, request_scope
+from minisgl_gateway.request_context import only_request_id as request_scope_id
 
 log = logging.getLogger(__name__)
 
@@ -249,10 +253,23 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                                                model=self.gateway.info.name)
 
     @contextlib.asynccontextmanager
-    async def _call(self, method: str, context: grpc.aio.ServicerContext
+    async def _call(self, method: str, context: grpc.aio.ServicerContext, request: object = None
                     ) -> AsyncIterator[list[Generation]]:
         """One RPC's error mapping and clean-up: the body appends its Generation to the list;
-        it is closed (aborting what still runs upstream) however the call ends."""
+        it is closed (aborting what still runs upstream) however the call ends. The request id
+        (x-request-id metadata, else the message's) goes back in the initial metadata."""
+        metadata = context.invocation_metadata() or ()
+        rid = grpc_request_id(metadata, getattr(request, "request_id", "") or "")
+        await context.send_initial_metadata(((HEADER, rid),))
+        parent = tracing.context_from_metadata(metadata) if tracing.ENABLED else None
+        with request_scope(rid, f"{SERVICE_NAME}/{method}", parent, {"rpc.method": method}) \
+                if tracing.ENABLED else request_scope_id(rid):
+            async with self._call_inner(method, context) as held:
+                yield held
+
+    @contextlib.asynccontextmanager
+    async def _call_inner(self, method: str, context: grpc.aio.ServicerContext
+                          ) -> AsyncIterator[list[Generation]]:
         held: list[Generation] = []
         try:
             self._auth(context)
@@ -272,14 +289,15 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
 
     async def _unary(self, method: str, request: object, context: grpc.aio.ServicerContext
                      ) -> generation_pb2.GenerateResponse:
-        async with self._call(method, context) as held:
+        async with self._call(method, context, request) as held:
             job = _job(method, request)
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)
                 held.append(gen)
                 await gen.start()
                 choices = await gen.collect()
-                reply = self._response(job, job.request_id or secrets.token_hex(12))
+                reply = self._response(job, job.request_id or REQUEST_ID.get()
+                                       or secrets.token_hex(12))
                 out = _Output(job, await self._echo(job))
                 for c in choices:
                     out.fill(reply.choices.add(), c, whole=True)
@@ -288,9 +306,9 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
 
     async def _stream(self, method: str, request: object, context: grpc.aio.ServicerContext
                       ) -> AsyncIterator[generation_pb2.GenerateResponse]:
-        async with self._call(method, context) as held:
+        async with self._call(method, context, request) as held:
             job = _job(method, request)
-            request_id = job.request_id or secrets.token_hex(12)
+            request_id = job.request_id or REQUEST_ID.get() or secrets.token_hex(12)
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)
                 held.append(gen)

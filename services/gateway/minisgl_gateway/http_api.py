@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import time
@@ -27,6 +28,7 @@ from minisgl_gateway.generation import Generation
 from minisgl_gateway.job import Job
 from minisgl_gateway.openai_format import DONE, Formatter, error_event, model_card
 from minisgl_gateway.openai_schema import context_body_limit, parse_request
+from minisgl_gateway.request_context import RequestContextMiddleware
 from minisgl_gateway.token_routes import add_token_routes
 
 log = logging.getLogger(__name__)
@@ -214,10 +216,19 @@ async def _wait_disconnect(receive: Receive) -> None:
         pass
 
 
+# FastAPI releases with built-in OpenTelemetry would add their own spans (parented to the client,
+# beside ours) and metrics to every request: the gateway's spans are request_context's alone.
+_NO_NATIVE_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
+
+
 def create_app(gateway: Gateway) -> FastAPI:
     """The FastAPI app; serve it wrapped in `KeepServerSend` (what `asgi_app` returns)."""
-    app = FastAPI(title="minisgl gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="minisgl gateway", docs_url=None, redoc_url=None, openapi_url=None,
+                  **_NO_NATIVE_TELEMETRY)
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(RequestContextMiddleware)  # outermost: the id is on every response
     started = int(time.time())
 
     @app.exception_handler(ApiError)

@@ -94,16 +94,20 @@ class Pipeline:
         return self.ready
 
     def submit(self, input_ids: list[int], sampling: common_pb2.SamplingParams,
-               stop: common_pb2.StopConditions, index: int, sink: EventSink) -> Sequence:
-        """Queue one sequence; it goes out with the next coalesced ConnectRequest."""
+               stop: common_pb2.StopConditions, index: int, sink: EventSink,
+               traceparent: str = "", request_id: str = "") -> Sequence:
+        """Queue one sequence; it goes out with the next coalesced ConnectRequest.
+        `traceparent` / `request_id` travel with it to the scheduler and the detokenizer."""
         if not self.ready:
             raise unavailable("the scheduler or detokenizer connection is down; retry shortly",
                               self._retry_after)
         rid = self._new_rid()
-        seq = Sequence(rid=rid, index=index, sink=sink, stop=stop)
+        seq = Sequence(rid=rid, index=index, sink=sink, stop=stop, traceparent=traceparent,
+                       request_id=request_id)
         self._live[rid] = seq
         self._submits.append(scheduler_pb2.SubmitItem(rid=rid, input_ids=input_ids,
-                                                      sampling=sampling))
+                                                      sampling=sampling, traceparent=traceparent,
+                                                      request_id=request_id))
         self._wake.set()
         return seq
 
@@ -263,7 +267,8 @@ class Pipeline:
             if seq.detok_started:
                 add(rid=rid, token_ids=token_ids, finished=finished)
             elif token_ids:
-                add(rid=rid, token_ids=token_ids, finished=finished, stop=seq.stop)
+                add(rid=rid, token_ids=token_ids, finished=finished, stop=seq.stop,
+                    traceparent=seq.traceparent, request_id=seq.request_id)
                 seq.detok_started = True
             else:
                 # Refused or ended before any token: nothing to detokenize.

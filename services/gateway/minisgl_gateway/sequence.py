@@ -80,6 +80,8 @@ class Sequence:
     done: bool = False  # the client side ended (finished, failed, stopped or cancelled)
     done_at: float = 0.0
     num_tokens: int = 0  # tokens delivered (up to a stop string)
+    traceparent: str = ""  # the request's span, for the detokenizer's (empty: not traced)
+    request_id: str = ""  # the client's x-request-id, for the detokenizer's log lines
 
     def end(self, event: StepEvent | None) -> None:
         if self.done:

@@ -12,10 +12,10 @@ from dataclasses import fields
 from typing import Literal, get_args, get_origin, get_type_hints
 
 from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
-from minisgl_core.logging import setup_logging
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2_grpc
 from minisgl_core.security import from_args
 from minisgl_core.serving import ServiceHost
+from minisgl_core.startup import begin, report_failure
 
 from minisgl_scheduler.config import SchedulerConfig
 from minisgl_scheduler.errors import WorkerFailed
@@ -48,7 +48,7 @@ def build_parser() -> ServiceArgs:
 
 def main(argv: list[str] | None = None) -> None:
     ns = build_parser().parse(argv)
-    setup_logging("scheduler", ns.log_level)
+    begin("scheduler", ns.log_level)
     # Also the default of the worker client's channel: the token and certificate go with it.
     security = from_args(ns.internal_token_file, ns.internal_tls_dir)
     config = SchedulerConfig(**{f.name: getattr(ns, f.name) for f in fields(SchedulerConfig)})
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         host.serve_forever(drain_timeout=ns.drain_timeout, prepare=connect)
     except WorkerFailed as exc:
-        log.error("%s", exc)
+        report_failure(exc, "scheduler")
         sys.exit(1)
 
 if __name__ == "__main__":

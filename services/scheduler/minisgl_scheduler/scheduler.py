@@ -38,6 +38,7 @@ from minisgl_scheduler.errors import (
 from minisgl_scheduler.kv import KVManager, pages_for
 from minisgl_scheduler.launched import LaunchedStep, check_output
 from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent, take_token
+from minisgl_scheduler.request_trace import RequestTraces
 from minisgl_scheduler.stats import SchedulerStats
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Scheduler:
         self._poisoned = False
         self._poison_until = 0
         self._counters = dict(hit=0, query=0, preempt=0, prefill=0, decode=0, steps=0, done=0)
+        self.traces = RequestTraces()  # spans / request ids of traced or logged requests
 
     def _adopt(self, info: WorkerInfo) -> None:
         """Page and slot state for a worker (at start, or a new process): all empty."""
@@ -250,6 +252,8 @@ class Scheduler:
     # -- execution -----------------------------------------------------------------------------
 
     def _launch(self, step: LaunchedStep) -> None:
+        if self.traces.live:  # only while a request is traced, or debug logging names them
+            step.plan.traceparents = self.traces.on_launch(step)
         self._next_step += 1
         self._counters["steps"] += 1
         self.inflight.append(step)
@@ -265,6 +269,8 @@ class Scheduler:
 
     def _collect(self) -> None:
         step = self.inflight.popleft()
+        if self.traces.traced:
+            self.traces.on_collect(step.plan.step_id)
         try:
             out = self.executor.collect()
             check_output(step, out)
@@ -360,6 +366,8 @@ class Scheduler:
         req.phase = Phase.ENDED
         self.reqs.pop(req.rid, None)
         self._counters["done"] += 1
+        if self.traces.live:
+            self.traces.finish(req)
         self._maybe_release(req)
 
     def _maybe_release(self, req: Request) -> None:

@@ -224,6 +224,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                                      ErrorCode.INVALID_ARGUMENT)
             params = sampling_from_proto(item.sampling, self.sched.config.default_max_tokens)
             self.sched.submit(rid, list(item.input_ids), params)
+            if item.traceparent or item.request_id:
+                self.sched.traces.add(self.sched.reqs[rid], item.traceparent, item.request_id)
         except SchedulerError as exc:
             out[conn].append(scheduler_pb2.TokenUpdate(
                 rid=item.rid, finish_reason=common_pb2.FINISH_REASON_ERROR,

@@ -12,9 +12,9 @@ import os
 import sys
 
 from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
-from minisgl_core.logging import setup_logging
 from minisgl_core.security import from_args
 from minisgl_core.serving import ServiceHost, message_limit
+from minisgl_core.startup import begin
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def _parse(service: str, argv: list[str] | None):
 
 def run(service: str, argv: list[str] | None = None) -> int:
     ns = _parse(service, argv)
-    setup_logging(service, ns.log_level)
+    begin(service, ns.log_level)
     security = from_args(ns.internal_token_file, ns.internal_tls_dir)
     # The server's threads already run requests in parallel; Rust's own pool would oversubscribe.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

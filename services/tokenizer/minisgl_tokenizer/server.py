@@ -30,6 +30,7 @@ from minisgl_tokenizer.prompt import (
     TextPrompt,
     TokenIdsPrompt,
 )
+from minisgl_tokenizer.request_trace import StreamRequests, tokenize_scope
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     def Tokenize(self, request: tokenizer_pb2.TokenizeRequest,  # noqa: N802 - gRPC method name
                  context: grpc.ServicerContext) -> tokenizer_pb2.TokenizeResponse:
+        with tokenize_scope(context.invocation_metadata(), len(request.items)):
+            return self._tokenize(request, context)
+
+    def _tokenize(self, request: tokenizer_pb2.TokenizeRequest,
+                  context: grpc.ServicerContext) -> tokenizer_pb2.TokenizeResponse:
         started = time.perf_counter()
         items = [prompt_from_proto(item) for item in request.items]
         for item in request.items:
@@ -141,9 +147,12 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
         with self._lock:
             self._open[context] = detok
         active = 0
+        watch = StreamRequests()
         try:
             for request in request_iterator:
                 started = time.perf_counter()
+                if watch.active:
+                    watch.observe(request.updates)
                 stops, tokens = detok.stats.stops, detok.stats.tokens
                 reply = detokenizer_pb2.DetokenizeResponse()
                 add = reply.deltas.add
@@ -170,6 +179,7 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
                 active = detok.active
                 metrics.DETOK_STEP_SECONDS.observe(time.perf_counter() - started)
         finally:
+            watch.close()
             with self._lock:
                 self._open.pop(context, None)
             metrics.DETOK_REQUESTS.dec(active)

@@ -13,7 +13,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
-from minisgl_core.logging import setup_logging
+from minisgl_core.startup import begin
 
 from .config import KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
 
@@ -80,7 +80,7 @@ def config_from_args(ns: Any) -> EngineConfig:
 
 def main(argv: list[str] | None = None) -> None:
     ns = build_parser().parse(argv)
-    setup_logging("worker", ns.log_level)
+    begin("worker", ns.log_level)
     config = config_from_args(ns)
     if config.tp_rank > 0:
         from .tp_workers import follower_main

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from minisgl_core.progress import progress
 
 from .attention.base import AttentionBackend, ForwardBatch
 from .kv_pool import KVPool
@@ -134,7 +135,8 @@ class CudaGraphRunner:
         empty = _empty_decode_batch(self.device, self.pool.page_size)
         mempool = None if self.eager else torch.cuda.graph_pool_handle()
         # Largest first: smaller graphs then fit in the memory the largest one left in the pool.
-        for bs in reversed(self.sizes):
+        sizes = list(reversed(self.sizes))
+        for bs in progress(sizes, total=len(sizes), desc="capturing CUDA graphs", unit="graph"):
             batch = pad_decode_batch(empty, bs, self.pool.dummy_page)
             self.backend.prepare_for_capture(batch)
             if self.eager:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from minisgl_core.progress import progress
 from safetensors import safe_open
 
 from .layers.fp8 import quantize_model
@@ -61,7 +62,7 @@ def checkpoint_files(model_path: str | Path) -> list[Path]:
 def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -> None:
     params = dict(model.named_parameters())
     loaded: dict[str, set[object]] = {}  # parameter -> shard ids filled
-    for path in files:
+    for path in progress(files, total=len(files), desc="loading weights", unit="file"):
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 target = model.weight_target(name)

@@ -32,6 +32,7 @@ from minisgl_core.step import StepExecutor
 
 from .batch import InvalidPlan
 from .convert import error_response
+from .step_trace import step_ended, step_started
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -123,9 +124,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     break
                 try:
                     plan = plan_from_proto(req)
+                    span = step_started(req, plan)
                     t0 = time.perf_counter()
                     self.engine.launch(plan)
-                    order.put(("step", req.step_id, t0))
+                    order.put(("step", req.step_id, t0, span))
                 except (InvalidPlan, InvalidParams) as exc:
                     order.put(("error", req.step_id, common_pb2.ERROR_CODE_INVALID_ARGUMENT,
                                str(exc)))
@@ -145,9 +147,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if item[0] == "error":
             m["errors"].inc()
             return error_response(item[1], item[2], item[3])
+        span = item[3]
         try:
             out = self.engine.collect()
         except Exception as exc:
+            if span is not None:
+                step_ended(span, None)
             log.exception("step %d failed", item[1])
             m["errors"].inc()
             return error_response(item[1], common_pb2.ERROR_CODE_INTERNAL,
@@ -155,6 +160,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         m["steps"].inc()
         m["tokens"].inc(len(out.token_ids))
         m["seconds"].observe(time.perf_counter() - item[2])
+        if span is not None:
+            step_ended(span, out)
         return output_to_proto(out)
 
     def drain(self, timeout: float) -> None:

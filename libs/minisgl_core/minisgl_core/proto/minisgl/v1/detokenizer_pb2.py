@@ -16,21 +16,21 @@ _sym_db = _symbol_database.Default()
 from minisgl_core.proto.minisgl.v1 import common_pb2 as minisgl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cminisgl/v1/detokenizer.proto\x12\nminisgl.v1\x1a\x17minisgl/v1/common.proto\"n\n\x10\x44\x65tokenizeUpdate\x12\x0b\n\x03rid\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12(\n\x04stop\x18\x03 \x01(\x0b\x32\x1a.minisgl.v1.StopConditions\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"B\n\x11\x44\x65tokenizeRequest\x12-\n\x07updates\x18\x01 \x03(\x0b\x32\x1c.minisgl.v1.DetokenizeUpdate\"a\n\tTextDelta\x12\x0b\n\x03rid\x18\x01 \x01(\x04\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07stopped\x18\x03 \x01(\x08\x12\x14\n\x0cmatched_stop\x18\x04 \x01(\t\x12\x12\n\nnum_tokens\x18\x05 \x01(\x05\";\n\x12\x44\x65tokenizeResponse\x12%\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x15.minisgl.v1.TextDelta2^\n\x0b\x44\x65tokenizer\x12O\n\nDetokenize\x12\x1d.minisgl.v1.DetokenizeRequest\x1a\x1e.minisgl.v1.DetokenizeResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cminisgl/v1/detokenizer.proto\x12\nminisgl.v1\x1a\x17minisgl/v1/common.proto\"\x97\x01\n\x10\x44\x65tokenizeUpdate\x12\x0b\n\x03rid\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12(\n\x04stop\x18\x03 \x01(\x0b\x32\x1a.minisgl.v1.StopConditions\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x13\n\x0btraceparent\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"B\n\x11\x44\x65tokenizeRequest\x12-\n\x07updates\x18\x01 \x03(\x0b\x32\x1c.minisgl.v1.DetokenizeUpdate\"a\n\tTextDelta\x12\x0b\n\x03rid\x18\x01 \x01(\x04\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07stopped\x18\x03 \x01(\x08\x12\x14\n\x0cmatched_stop\x18\x04 \x01(\t\x12\x12\n\nnum_tokens\x18\x05 \x01(\x05\";\n\x12\x44\x65tokenizeResponse\x12%\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x15.minisgl.v1.TextDelta2^\n\x0b\x44\x65tokenizer\x12O\n\nDetokenize\x12\x1d.minisgl.v1.DetokenizeRequest\x1a\x1e.minisgl.v1.DetokenizeResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'minisgl.v1.detokenizer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DETOKENIZEUPDATE']._serialized_start=69
-  _globals['_DETOKENIZEUPDATE']._serialized_end=179
-  _globals['_DETOKENIZEREQUEST']._serialized_start=181
-  _globals['_DETOKENIZEREQUEST']._serialized_end=247
-  _globals['_TEXTDELTA']._serialized_start=249
-  _globals['_TEXTDELTA']._serialized_end=346
-  _globals['_DETOKENIZERESPONSE']._serialized_start=348
-  _globals['_DETOKENIZERESPONSE']._serialized_end=407
-  _globals['_DETOKENIZER']._serialized_start=409
-  _globals['_DETOKENIZER']._serialized_end=503
+  _globals['_DETOKENIZEUPDATE']._serialized_start=70
+  _globals['_DETOKENIZEUPDATE']._serialized_end=221
+  _globals['_DETOKENIZEREQUEST']._serialized_start=223
+  _globals['_DETOKENIZEREQUEST']._serialized_end=289
+  _globals['_TEXTDELTA']._serialized_start=291
+  _globals['_TEXTDELTA']._serialized_end=388
+  _globals['_DETOKENIZERESPONSE']._serialized_start=390
+  _globals['_DETOKENIZERESPONSE']._serialized_end=449
+  _globals['_DETOKENIZER']._serialized_start=451
+  _globals['_DETOKENIZER']._serialized_end=545
 # @@protoc_insertion_point(module_scope)

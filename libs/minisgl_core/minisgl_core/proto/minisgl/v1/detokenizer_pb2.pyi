@@ -7,16 +7,20 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DetokenizeUpdate(_message.Message):
-    __slots__ = ("rid", "token_ids", "stop", "finished")
+    __slots__ = ("rid", "token_ids", "stop", "finished", "traceparent", "request_id")
     RID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     rid: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     stop: _common_pb2.StopConditions
     finished: bool
-    def __init__(self, rid: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Union[_common_pb2.StopConditions, _Mapping]] = ..., finished: bool = ...) -> None: ...
+    traceparent: str
+    request_id: str
+    def __init__(self, rid: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Union[_common_pb2.StopConditions, _Mapping]] = ..., finished: bool = ..., traceparent: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class DetokenizeRequest(_message.Message):
     __slots__ = ("updates",)

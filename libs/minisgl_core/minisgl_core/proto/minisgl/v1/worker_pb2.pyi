@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RequestPlan(_message.Message):
-    __slots__ = ("rid", "slot", "cache_len", "input_ids", "page_offset", "new_pages", "sample", "sampling", "history_ids", "num_prompt_tokens")
+    __slots__ = ("rid", "slot", "cache_len", "input_ids", "page_offset", "new_pages", "sample", "sampling", "history_ids", "num_prompt_tokens", "request_id")
     RID_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     CACHE_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class RequestPlan(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     HISTORY_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     rid: int
     slot: int
     cache_len: int
@@ -28,7 +29,8 @@ class RequestPlan(_message.Message):
     sampling: _common_pb2.SamplingParams
     history_ids: _containers.RepeatedScalarFieldContainer[int]
     num_prompt_tokens: int
-    def __init__(self, rid: _Optional[int] = ..., slot: _Optional[int] = ..., cache_len: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., page_offset: _Optional[int] = ..., new_pages: _Optional[_Iterable[int]] = ..., sample: bool = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, rid: _Optional[int] = ..., slot: _Optional[int] = ..., cache_len: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., page_offset: _Optional[int] = ..., new_pages: _Optional[_Iterable[int]] = ..., sample: bool = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class DecodeEntries(_message.Message):
     __slots__ = ("rids", "slots", "cache_lens", "page_offsets", "new_page_counts", "new_pages")
@@ -47,14 +49,16 @@ class DecodeEntries(_message.Message):
     def __init__(self, rids: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., cache_lens: _Optional[_Iterable[int]] = ..., page_offsets: _Optional[_Iterable[int]] = ..., new_page_counts: _Optional[_Iterable[int]] = ..., new_pages: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("step_id", "requests", "decodes")
+    __slots__ = ("step_id", "requests", "decodes", "traceparents")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     DECODES_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENTS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     requests: _containers.RepeatedCompositeFieldContainer[RequestPlan]
     decodes: DecodeEntries
-    def __init__(self, step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestPlan, _Mapping]]] = ..., decodes: _Optional[_Union[DecodeEntries, _Mapping]] = ...) -> None: ...
+    traceparents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestPlan, _Mapping]]] = ..., decodes: _Optional[_Union[DecodeEntries, _Mapping]] = ..., traceparents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("step_id", "rids", "token_ids", "logprobs", "top_logprobs", "forward_ms", "error", "worker_epoch")
