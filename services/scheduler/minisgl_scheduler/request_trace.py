@@ -115,16 +115,16 @@ class RequestTraces:
         for span in self._chunks.pop(step_id, ()):
             span.end()
 
-    def finish(self, req: Request) -> None:
+    def finish(self, req: Request, finish_reason: FinishReason) -> None:
         request_id = self.ids.pop(req.rid, "")
         if request_id:
             log.debug("finished", extra=log_fields(
                 request_id=request_id, rid=req.rid, outputs=req.num_outputs,
-                reason=req.finish_reason.value if req.finish_reason else ""))
+                reason=finish_reason.value))
         t = self.traced.pop(req.rid, None)
         if t is None:
             return
-        reason = req.finish_reason.value if req.finish_reason else ""
+        reason = finish_reason.value
         if t.queue is not None:  # ended before admission
             t.queue.set_attribute("minisgl.finish_reason", reason)
             t.queue.end()
@@ -134,7 +134,7 @@ class RequestTraces:
                 "minisgl.last_step_id": t.last_decode_step,
                 "minisgl.decode_steps": t.decode_steps, "minisgl.max_batch_size": t.max_batch,
                 "minisgl.output_tokens": req.num_outputs, "minisgl.finish_reason": reason})
-            if req.finish_reason is FinishReason.ERROR:
+            if finish_reason is FinishReason.ERROR:
                 from opentelemetry.trace import Status, StatusCode
 
                 t.decode.set_status(Status(StatusCode.ERROR))

@@ -367,7 +367,7 @@ class Scheduler:
         self.reqs.pop(req.rid, None)
         self._counters["done"] += 1
         if self.traces.live:
-            self.traces.finish(req)
+            self.traces.finish(req, reason)
         self._maybe_release(req)
 
     def _maybe_release(self, req: Request) -> None:
