@@ -24,8 +24,8 @@ from minisgl_core.proto.minisgl.v1 import (
 )
 
 from minisgl_gateway import metrics
-from minisgl_gateway.core import Gateway
 from minisgl_gateway.errors import ApiError, invalid
+from minisgl_gateway.gateway import Gateway
 from minisgl_gateway.generation import ChoiceChunk, Generation, Usage
 from minisgl_gateway.job import Job
 

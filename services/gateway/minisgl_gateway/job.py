@@ -34,6 +34,7 @@ class Job:
     max_tokens_default: MaxTokensDefault = "server"
     prompt_param: str = "prompt"  # the field a prompt error points at
     request_id: str = ""
+    session: str = ""  # sticky-routing key: OpenAI `user`, or the x-session-id header
 
     @property
     def num_choices(self) -> int:
