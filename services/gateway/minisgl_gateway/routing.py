@@ -44,7 +44,8 @@ class Router:
         self.policy = policy
         self.balance_threshold = balance_threshold
         self.sticky = sticky
-        self._turn = itertools.count()
+        self._turn = itertools.count()  # round robin
+        self._ties = itertools.count()  # which of equally loaded engines comes first
 
     def pick(self, views: Sequence[EngineView], input_ids: Sequence[int],
              session: str = "") -> Decision:
@@ -68,14 +69,14 @@ class Router:
 
     def _decide(self, views: Sequence[EngineView], hashes_for: _Hashes, session: str,
                 now: float) -> Decision:
-        least = self._least_loaded(views)
         if self.sticky and session:
             home = max(views, key=lambda v: _rendezvous(session, v.address))
-            if home.score - least.score <= self.balance_threshold:
+            if home.score - min(v.score for v in views) <= self.balance_threshold:
                 return self._with_prediction(home, hashes_for, now, "sticky")
         if self.policy == "round_robin":
             view = views[next(self._turn) % len(views)]
             return self._with_prediction(view, hashes_for, now, "round_robin")
+        least = self._least_loaded(views)
         if self.policy == "least_load":
             return self._with_prediction(least, hashes_for, now, "load")
         best, best_pages = least, 0
@@ -89,7 +90,7 @@ class Router:
 
     def _least_loaded(self, views: Sequence[EngineView]) -> EngineView:
         # Ties go round the engines, not always to the first listed.
-        start = next(self._turn) % len(views)
+        start = next(self._ties) % len(views)
         order = list(views[start:]) + list(views[:start])
         return min(order, key=lambda v: v.score)
 
