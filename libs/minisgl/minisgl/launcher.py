@@ -158,7 +158,8 @@ class Stack:
     def _command(self, name: str, key: str | None = None) -> list[str]:
         cfg, py = self.config, [sys.executable, "-m"]
         key = key or name
-        suffix = key.removeprefix(name)  # "-i" for engine i's worker and scheduler
+        # "-i" for engine i's worker and scheduler (gateway replicas are numbered apart)
+        suffix = key.removeprefix(name) if name in ("worker", "scheduler") else ""
         common = ["--log-level", cfg.log_level]
         if name != "gateway":
             common += ["--host", "127.0.0.1", "--port", str(self.ports[key]),
