@@ -68,7 +68,7 @@ class Engine:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await self.channel.close()
+        await self.channel.close(None)
 
     # -- sequences ---------------------------------------------------------------------------
 

@@ -79,6 +79,14 @@ def add_to_server(service: GenerationService, server: grpc.aio.Server) -> None:
         (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
 
 
+def _session(context: grpc.aio.ServicerContext) -> str:
+    """The sticky-routing key of a call: its x-session-id metadata."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-session-id" and isinstance(value, str):
+            return value
+    return ""
+
+
 def _job(method: str, request: object) -> Job:
     if isinstance(request, Undecodable):
         raise invalid(f"the request is not a valid message: {request.reason}")
@@ -193,6 +201,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                      ) -> generation_pb2.GenerateResponse:
         async with self._call(method, context) as held:
             job = _job(method, request)
+            job.session = _session(context) or job.session
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)
                 held.append(gen)
@@ -208,6 +217,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                       ) -> AsyncIterator[generation_pb2.GenerateResponse]:
         async with self._call(method, context) as held:
             job = _job(method, request)
+            job.session = _session(context) or job.session
             request_id = job.request_id or secrets.token_hex(12)
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)

@@ -32,7 +32,7 @@ _Hashes = Callable[[EngineView], list[int]]  # a prompt's page hashes at a view'
 class Decision:
     view: EngineView
     predicted_tokens: int  # prompt tokens the policy expects the engine to have cached
-    reason: str  # "cache" | "load" | "round_robin" | "sticky"
+    reason: str  # "cache" | "load" | "round_robin" | "sticky" | "only" (a single engine)
 
 
 class Router:
@@ -52,6 +52,9 @@ class Router:
         """One of `views` (non-empty, all usable); records the choice on the view."""
         if not views:
             raise ValueError("no engine to route to")
+        if len(views) == 1:  # nothing to decide: no hashing on the one-engine hot path
+            views[0].note_routed(())
+            return Decision(views[0], 0, "only")
         now = time.monotonic()
         hashes: dict[int, list[int]] = {}  # per page size (engines of one model agree)
 
