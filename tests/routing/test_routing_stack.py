@@ -10,14 +10,18 @@ import os
 import random
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import openai
 import pytest
 from minisgl.launcher import Stack, StackConfig, free_port
+from minisgl_core.prefix_hash import page_hashes
+from minisgl_core.proto.minisgl.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from .cluster import Cluster, metric, scrape, start_gateway, wait_until
 
@@ -74,6 +78,53 @@ def _hit_rate(cluster: Cluster, url: str, seed: int) -> float:
     hits1, queries1 = cluster.cache_counters()
     assert queries1 > queries0
     return (hits1 - hits0) / (queries1 - queries0)
+
+
+def test_watch_reports_the_pages_a_request_cached_then_resumes(cluster: Cluster) -> None:
+    """The scheduler's Watch stream over real gRPC: a snapshot first, then the exact page hashes
+    (minisgl_core.prefix_hash, as the router computes them) of a prompt the engine cached; a
+    stream reopened with resume_after continues without a snapshot."""
+    stack = cluster.stack
+    rng = random.Random(6)
+    prompt = [rng.randrange(5, 4000) for _ in range(64)]
+    want = set(page_hashes(prompt, 16))
+    channels = [grpc.insecure_channel(t) for t in stack.scheduler_targets]
+    try:
+        streams = [scheduler_pb2_grpc.SchedulerStub(c).Watch(
+            scheduler_pb2.WatchRequest(load_interval_s=0.05), timeout=30) for c in channels]
+        firsts = [next(s) for s in streams]
+        assert all(f.snapshot and f.page_size == 16 and f.HasField("load") for f in firsts)
+        client = _client(stack.http_url)
+        client.completions.create(model=client.models.list().data[0].id, prompt=prompt,
+                                  max_tokens=1)
+        seen: set[int] = set()
+        where = None
+        seqs = [f.seq for f in firsts]
+        for i, stream in enumerate(streams):
+            until = time.monotonic() + 1.0  # the events came before the reply: buffered by now
+            for msg in stream:
+                if msg.stored or msg.removed:
+                    assert msg.seq == seqs[i] + 1  # numbered without gaps
+                    seqs[i] = msg.seq
+                seen |= set(msg.stored)
+                if want <= seen:
+                    where = i
+                    break
+                if time.monotonic() > until:
+                    break  # load reports only: not this engine
+            if where is not None:
+                break
+        assert where is not None, "no engine reported the prompt's pages"
+        for s in streams:
+            s.cancel()
+        resumed = scheduler_pb2_grpc.SchedulerStub(channels[where]).Watch(
+            scheduler_pb2.WatchRequest(resume_after=seqs[where]), timeout=10)
+        first = next(resumed)
+        assert not first.snapshot and first.seq >= seqs[where]
+        resumed.cancel()
+    finally:
+        for c in channels:
+            c.close()
 
 
 def test_cache_aware_beats_round_robin_on_prefix_hits(cluster: Cluster) -> None:
