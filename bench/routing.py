@@ -239,8 +239,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _servable(model: str) -> str:
+    """A config-only directory (models/configs/*) gets a synthetic tokenizer beside a copy of its
+    config (bench_model_dir), as the other stack benchmarks do."""
+    path = Path(model)
+    if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
+        return model
+    from bench.bench_model_dir import make
+
+    return str(make(model, f"/tmp/minisgl-bench-model-{path.name}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.model = _servable(args.model)
     modes = [m for m in args.modes.split(",") if m]
     policies = [p for p in args.policies.split(",") if p]
     records: list[dict[str, object]] = []

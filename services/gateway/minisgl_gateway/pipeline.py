@@ -208,7 +208,8 @@ class Pipeline:
             for address, engine in list(self.engines.items()):
                 if engine.view.retired and not engine.live:
                     del self.engines[address]
-                    metrics.ENGINE_UP.remove(address)
+                    with contextlib.suppress(KeyError):  # never labelled if it left at once
+                        metrics.ENGINE_UP.remove(address)
                     await engine.close()
                     continue
                 metrics.ENGINE_UP.labels(address).set(1 if engine.view.usable else 0)
