@@ -131,10 +131,34 @@ def _start_gateways(stack: Stack, schedulers: list[str], policy: str, replicas: 
         if replicas > 1:
             cmd.append("--reuse-port")
         log = open(LOG_DIR / f"gateway-{policy}-{http}-{i}.log", "wb")  # noqa: SIM115
-        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
-        wait_for_health(f"127.0.0.1:{grpc_port}", timeout=120)
-    time.sleep(0.5 if replicas > 1 else 0.0)  # every replica's engine streams open
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        if i == 0:
+            wait_for_health(f"127.0.0.1:{grpc_port}", timeout=120)
+        else:  # the shared port may answer from an older replica: wait for this one to listen
+            _wait_replica(proc, http, grpc_port)
     return f"127.0.0.1:{grpc_port}", procs
+
+
+def _wait_replica(proc: subprocess.Popen[bytes], http: int, grpc_port: int) -> None:
+    """Until `proc` listens on both ports and /ready answers 200 on 16 fresh connections in a
+    row (the kernel spreads them over the replicas, so a replica not ready yet would show)."""
+    from minisgl.launcher import _listening_ports
+
+    deadline, in_a_row = time.monotonic() + 120, 0
+    while in_a_row < 16:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"gateway replica on :{http} did not start (see {LOG_DIR})")
+        ready = False
+        if _listening_ports(proc.pid) >= {http, grpc_port}:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/ready", timeout=5) as r:
+                    ready = r.status == 200
+            except OSError:
+                ready = False
+        in_a_row = in_a_row + 1 if ready else 0
+        if not ready:
+            time.sleep(0.1)
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
