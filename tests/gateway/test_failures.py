@@ -29,7 +29,7 @@ from minisgl_core.proto.minisgl.v1 import (
     scheduler_pb2,
 )
 from minisgl_gateway.config import GatewayConfig
-from minisgl_gateway.core import Gateway
+from minisgl_gateway.gateway import Gateway
 from minisgl_gateway.generation import Generation
 from minisgl_gateway.grpc_api import generate_job
 from minisgl_gateway.job import Job
@@ -272,10 +272,15 @@ def test_submits_and_aborts_are_coalesced(upstream_targets: dict[str, str]) -> N
 
     async def main() -> None:
         spy = ConnectSpy()
-        channel = grpc.aio.insecure_channel(upstream_targets["scheduler"], interceptors=[spy])
+        channels: list[grpc.aio.Channel] = []
+
+        def spied(target: str) -> grpc.aio.Channel:
+            channels.append(grpc.aio.insecure_channel(target, interceptors=[spy]))
+            return channels[-1]
+
         gw = Gateway(GatewayConfig(**upstream_targets))
-        gw.pipeline = Pipeline(channel, grpc.aio.insecure_channel(
-            upstream_targets["detokenizer"]))
+        gw.pipeline = Pipeline(upstream_targets["scheduler"], grpc.aio.insecure_channel(
+            upstream_targets["detokenizer"]), channel_for=spied)
         await gw.start()
         try:
             # The 8 choices of one request are queued in one go: one ConnectRequest.
@@ -317,7 +322,7 @@ def test_submits_and_aborts_are_coalesced(upstream_targets: dict[str, str]) -> N
             assert spy.calls == 1  # one Connect stream for the whole gateway
         finally:
             await gw.close()
-            await channel.close()
+            assert len(channels) == 1
 
     asyncio.run(main())
     wait_for(lambda: idle(upstream_targets["scheduler"]), 3, "the 6 choices aborted upstream")

@@ -17,6 +17,7 @@ from minisgl_core.proto.minisgl.v1 import (
     generation_pb2,
     scheduler_pb2,
 )
+from minisgl_gateway.engine import Engine
 from minisgl_gateway.generation import ChoiceChunk, TokenLogprob
 from minisgl_gateway.grpc_api import _fill_choice
 from minisgl_gateway.openai_format import Formatter
@@ -86,12 +87,16 @@ class _FakeDetokCall:
         self.sent.append(request)
 
 
-def _pipeline() -> tuple[Pipeline, _FakeDetokCall]:
-    pipe = Pipeline(grpc.aio.insecure_channel("127.0.0.1:1"),
-                    grpc.aio.insecure_channel("127.0.0.1:1"))
+def _pipeline() -> tuple[Pipeline, Engine, _FakeDetokCall]:
+    """A pipeline with one engine whose stream counts as open, and a fake detokenizer stream."""
+    pipe = Pipeline("127.0.0.1:1", grpc.aio.insecure_channel("127.0.0.1:1"),
+                    channel_for=grpc.aio.insecure_channel)
+    pipe._set_engines(["127.0.0.1:1"])  # not started: no stream is opened
+    engine = pipe.engines["127.0.0.1:1"]
+    engine.view.up = True
     call = _FakeDetokCall()
-    pipe._detok_call, pipe._sched_up = call, True  # type: ignore[assignment]
-    return pipe, call
+    pipe.detok._call = call  # type: ignore[assignment]
+    return pipe, engine, call
 
 
 def _wire(message: Any) -> Any:
@@ -104,12 +109,12 @@ def test_pipeline_step_to_events() -> None:
     (its tokens and logprobs cut at the stop), and a final update with a finish reason."""
 
     async def main() -> None:
-        pipe, call = _pipeline()
+        pipe, engine, call = _pipeline()
         sinks = [EventSink() for _ in range(3)]
         stop = common_pb2.StopConditions(stop=["END"])
         seqs = [pipe.submit([1, 2], common_pb2.SamplingParams(), stop, i, sinks[i])
                 for i in range(3)]
-        pipe._submits.clear()
+        engine._submits.clear()
         top = common_pb2.TopLogprobs(token_ids=[9], logprobs=[-0.5])
 
         def update(i: int, ids: list[int], finish: int = 0) -> scheduler_pb2.TokenUpdate:
@@ -119,9 +124,9 @@ def test_pipeline_step_to_events() -> None:
 
         async def step(updates: list[scheduler_pb2.TokenUpdate],
                        deltas: list[detokenizer_pb2.TextDelta]) -> detokenizer_pb2.DetokenizeRequest:
-            await pipe._on_step(_wire(scheduler_pb2.ConnectResponse(updates=updates)))
+            await pipe._on_step(engine, _wire(scheduler_pb2.ConnectResponse(updates=updates)))
             request = _wire(call.sent.pop())
-            pipe._on_deltas(_wire(detokenizer_pb2.DetokenizeResponse(deltas=deltas)))
+            pipe.detok._on_deltas(_wire(detokenizer_pb2.DetokenizeResponse(deltas=deltas)))
             return request
 
         first = await step([update(0, [5]), update(1, [6, 7]), update(2, [8])],
@@ -150,10 +155,10 @@ def test_pipeline_step_to_events() -> None:
         assert (stopped.text, list(stopped.token_ids), stopped.finish_reason,
                 stopped.matched_stop) == ("f", [11], "stop", "END")
         assert list(stopped.logprobs) == pytest.approx([-1.1]) and len(stopped.top_logprobs) == 1
-        assert seqs[1].done and seqs[1].rid in pipe._stops  # stopped upstream with the next send
+        assert seqs[1].done and seqs[1].rid in engine._stops  # stopped upstream with the next send
         last = events[2][-1]
         assert (last.text, list(last.token_ids), last.finish_reason) == ("g", [14], "length")
-        assert seqs[2].rid not in pipe._live and not seqs[2].detok_started
+        assert seqs[2].rid not in engine.live and not seqs[2].detok_started
 
         # The stopped sequence's later updates only flush the detokenizer at its very end.
         third = await step([update(0, [15]), update(1, [16], LENGTH)],
@@ -162,7 +167,7 @@ def test_pipeline_step_to_events() -> None:
         assert [(list(u.token_ids), u.finished) for u in third.updates] == [([15], False),
                                                                               ([], True)]
         assert [e.text for e in await sinks[0].take()] == ["h"] and sinks[1].empty()
-        assert not seqs[1].detok_started and seqs[1].rid not in pipe._live
+        assert not seqs[1].detok_started and seqs[1].rid not in engine.live
 
     asyncio.run(main())
 

@@ -35,6 +35,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gateway-replicas", type=int, default=1,
                    help="gateway processes sharing the public ports (one carries ~10k "
                         "streamed tokens/s)")
+    p.add_argument("--engines", "--engine-replicas", dest="engines", type=int, default=1,
+                   help="engines (a scheduler and its worker each); every gateway routes over "
+                        "all of them (gateway --routing, default cache_aware)")
     p.add_argument("--internal-token", action=argparse.BooleanOptionalAction, default=True,
                    help="a random per-run token on every internal RPC, so other local users "
                         "cannot drive the internal services")
@@ -53,6 +56,7 @@ def serve(args: argparse.Namespace) -> int:
                               grpc_port=args.grpc_port, extra_args=extra,
                               log_level=args.log_level, log_format=args.log_format,
                               gateway_replicas=max(1, args.gateway_replicas),
+                              engine_replicas=max(1, args.engines),
                               internal_token=args.internal_token,
                               internal_tls_dir=args.internal_tls_dir))
     stop = threading.Event()

@@ -89,6 +89,10 @@ class StackConfig:
     # roughly 10k streamed tokens/s, so a fast GPU needs several. Each has its own upstream
     # streams; the kernel spreads client connections over them.
     gateway_replicas: int = 1
+    # Engines (a scheduler and its worker each) behind the gateways, which route over all of them
+    # (--scheduler gets the list). Engine 0 is "worker"/"scheduler", engine i "worker-i"/...
+    engine_replicas: int = 1
+    engine_env: dict[int, dict[str, str]] = field(default_factory=dict)  # engine -> more env
     internal_token: bool = True  # a random token on every internal RPC (off: open internals)
     internal_tls_dir: str = ""  # gen_internal_certs.py OUTDIR: mTLS between the services
 
@@ -102,7 +106,11 @@ class Stack:
             for name in ("worker", "tokenizer", "detokenizer", "scheduler")
         }
         self.ports = {k: (v or free_port()) for k, v in self.ports.items()}
+        for i in range(1, max(1, config.engine_replicas)):
+            for name in ("worker", "scheduler"):
+                self.ports[f"{name}-{i}"] = free_port()
         self.metrics_ports = {k: (free_port() if config.metrics else 0) for k in self.ports}
+        self.engines = max(1, config.engine_replicas)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
         self._spawned_at: dict[str, float] = {}
@@ -139,25 +147,36 @@ class Stack:
     def target(self, service: str) -> str:
         return f"127.0.0.1:{self.ports[service]}"
 
+    @staticmethod
+    def engine_key(name: str, engine: int) -> str:
+        return name if engine == 0 else f"{name}-{engine}"
+
+    @property
+    def scheduler_targets(self) -> list[str]:
+        return [self.target(self.engine_key("scheduler", i)) for i in range(self.engines)]
+
     def _client_host(self) -> str:
         return "127.0.0.1" if self.config.host in ("0.0.0.0", "::", "") else self.config.host
 
-    def _command(self, name: str) -> list[str]:
+    def _command(self, name: str, key: str | None = None) -> list[str]:
         cfg, py = self.config, [sys.executable, "-m"]
+        key = key or name
+        # "-i" for engine i's worker and scheduler (gateway replicas are numbered apart)
+        suffix = key.removeprefix(name) if name in ("worker", "scheduler") else ""
         common = ["--log-level", cfg.log_level, "--log-format", cfg.log_format]
         if name != "gateway":
-            common += ["--host", "127.0.0.1", "--port", str(self.ports[name]),
-                       "--metrics-port", str(self.metrics_ports[name])]
+            common += ["--host", "127.0.0.1", "--port", str(self.ports[key]),
+                       "--metrics-port", str(self.metrics_ports[key])]
         commands = {
             "worker": py + ["minisgl_worker", "--model", cfg.model_path],
             "tokenizer": py + ["minisgl_tokenizer", "tokenizer", "--model", cfg.model_path],
             "detokenizer": py + ["minisgl_tokenizer", "detokenizer", "--model", cfg.model_path],
-            "scheduler": py + ["minisgl_scheduler", "--worker", self.target("worker")],
+            "scheduler": py + ["minisgl_scheduler", "--worker", self.target("worker" + suffix)],
             "gateway": py + [
                 "minisgl_gateway", "--host", cfg.host, "--port", str(cfg.http_port),
                 "--grpc-port", str(cfg.grpc_port), "--tokenizer", self.target("tokenizer"),
                 "--detokenizer", self.target("detokenizer"),
-                "--scheduler", self.target("scheduler"),
+                "--scheduler", ",".join(self.scheduler_targets),
             ],
         }
         if name == "gateway" and cfg.gateway_replicas > 1:
@@ -173,8 +192,11 @@ class Stack:
         env = {**os.environ, **self._security_env(name), **self.config.env,
                "PYTHONUNBUFFERED": "1"}
         self._spawned_at[key or name] = time.monotonic()
+        if name in ("worker", "scheduler"):
+            suffix = (key or name).removeprefix(name)
+            env.update(self.config.engine_env.get(int(suffix[1:]) if suffix else 0, {}))
         self.processes[key or name] = subprocess.Popen(
-            self._command(name), stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
+            self._command(name, key), stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
             preexec_fn=_die_with_parent, start_new_session=True,
         )
 
@@ -236,12 +258,16 @@ class Stack:
         deadline = time.monotonic() + self.config.startup_timeout
         try:
             self._make_token_file()
-            for name in ("worker", "tokenizer", "detokenizer"):
-                self._spawn(name)
-            for name in ("worker", "tokenizer", "detokenizer"):
-                self._wait(name, self.target(name), deadline)
-            self._spawn("scheduler")
-            self._wait("scheduler", self.target("scheduler"), deadline)
+            workers = [self.engine_key("worker", i) for i in range(self.engines)]
+            for key in [*workers, "tokenizer", "detokenizer"]:
+                self._spawn(key.split("-")[0], key)
+            for key in [*workers, "tokenizer", "detokenizer"]:
+                self._wait(key, self.target(key), deadline)
+            schedulers = [self.engine_key("scheduler", i) for i in range(self.engines)]
+            for key in schedulers:
+                self._spawn("scheduler", key)
+            for key in schedulers:
+                self._wait(key, self.target(key), deadline)
             self._spawn("gateway")
             self._wait("gateway", self.grpc_target, deadline)
             replicas = [f"gateway-{i}" for i in range(1, self.config.gateway_replicas)]
@@ -253,6 +279,23 @@ class Stack:
             self.stop()
             raise
         return self
+
+    def add_engine(self) -> str:
+        """Start one more engine (worker + scheduler) while the stack runs; returns the
+        scheduler's address. The gateways use it once their discovery lists it (a `file://` or
+        `dns:///` --scheduler); a static list does not change."""
+        i = self.engines
+        for name in ("worker", "scheduler"):
+            key = self.engine_key(name, i)
+            self.ports[key] = free_port()
+            self.metrics_ports[key] = free_port() if self.config.metrics else 0
+        deadline = time.monotonic() + self.config.startup_timeout
+        for name in ("worker", "scheduler"):
+            key = self.engine_key(name, i)
+            self._spawn(name, key)
+            self._wait(key, self.target(key), deadline)
+        self.engines += 1
+        return self.target(self.engine_key("scheduler", i))
 
     def stop(self, timeout: float = 20.0) -> dict[str, int | None]:
         """SIGTERM in reverse start order, then SIGKILL what did not exit; returns exit codes."""

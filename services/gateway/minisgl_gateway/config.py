@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 
 from minisgl_core.config import DEFAULT_PORTS, ServiceArgs
 
+from minisgl_gateway.discovery import DEFAULT_INTERVAL_S
+from minisgl_gateway.routing import DEFAULT_BALANCE_THRESHOLD, POLICIES
+
 
 @dataclass
 class Limits:
@@ -25,6 +28,16 @@ class Limits:
     max_header_bytes: int = 64 * 1024  # HTTP request line + headers; 431 past it
     max_headers: int = 100  # HTTP header fields; 431 past it
     header_timeout_s: float = 10.0  # a request head must arrive within this; 408 + close past it
+
+
+@dataclass
+class Routing:
+    """Placing requests on engine replicas (routing.py, discovery.py)."""
+
+    policy: str = "cache_aware"  # round_robin | least_load | cache_aware
+    balance_threshold: float = DEFAULT_BALANCE_THRESHOLD  # requests; see routing.py
+    sticky_sessions: bool = False  # a session key keeps its engine (rendezvous hashing)
+    discovery_interval: float = DEFAULT_INTERVAL_S  # re-resolving dns:/// and file:// targets
 
 
 @dataclass
@@ -51,6 +64,7 @@ class GatewayConfig:
     internal_token_file: str = ""  # the token sent on every upstream call (minisgl_core.security)
     internal_tls_dir: str = ""  # mTLS to the upstreams: ca.crt, tls.crt, tls.key
     limits: Limits = field(default_factory=Limits)
+    routing: Routing = field(default_factory=Routing)
 
 
 def _parser() -> ServiceArgs:
@@ -64,7 +78,18 @@ def _parser() -> ServiceArgs:
     args.add("--tokenizer", d.tokenizer, "tokenizer service address; calls go round robin over "
              "every address it resolves to (e.g. dns:///tokenizer:50061 for a headless Service)")
     args.add("--detokenizer", d.detokenizer, "detokenizer service address")
-    args.add("--scheduler", d.scheduler, "scheduler service address")
+    args.add("--scheduler", d.scheduler, "engine (scheduler) addresses: host:port, a comma-"
+             "separated list, dns:///name:port (every address, re-resolved) or file:///path "
+             "(a list in a file, re-read)")
+    r = Routing()
+    args.add("--routing", r.policy, "how sequences are placed on engines", choices=list(POLICIES))
+    args.add("--routing-balance-threshold", r.balance_threshold, "cache_aware/sticky: an engine "
+             "more loaded than the least loaded by this many requests takes no cache-affine "
+             "traffic", float)
+    args.add("--sticky-sessions", r.sticky_sessions, "route requests with a session key (OpenAI "
+             "`user`, header x-session-id) to the same engine while it is not overloaded", bool)
+    args.add("--discovery-interval", r.discovery_interval, "seconds between re-resolutions of a "
+             "dns:/// or file:// --scheduler", float)
     args.add("--model-name", d.model_name, "served model id (default: the tokenizer's model name)")
     args.add("--tool-call-parser", d.tool_call_parser, "tool-call syntax of the model: hermes "
              "(Qwen2.5/3), llama3, mistral; auto picks by model name",
@@ -140,6 +165,9 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
         drain_timeout=ns.drain_timeout, startup_timeout=ns.startup_timeout,
         upstream_timeout=ns.upstream_timeout, limits=limits,
         internal_token_file=ns.internal_token_file, internal_tls_dir=ns.internal_tls_dir,
+        routing=Routing(policy=ns.routing, balance_threshold=max(0.0, ns.routing_balance_threshold),
+                        sticky_sessions=ns.sticky_sessions,
+                        discovery_interval=max(0.05, ns.discovery_interval)),
     )
 
 

@@ -14,7 +14,7 @@ from minisgl_core.logging import REQUEST_ID, log_fields
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
 from minisgl_gateway import metrics
-from minisgl_gateway.core import Gateway
+from minisgl_gateway.gateway import Gateway
 from minisgl_gateway.job import Job, check_job, choice_seed, resolve_max_tokens
 from minisgl_gateway.request_context import traceparent
 from minisgl_gateway.sequence import EventSink, Sequence, StepEvent
@@ -98,7 +98,8 @@ class Generation:
                 if job.sampling.HasField("seed"):
                     sampling.seed = choice_seed(job.sampling.seed, j)
                 self._seqs.append(gw.pipeline.submit(ids, sampling, job.stop, p * job.n + j,
-                                                     self._sink, trace_ctx, request_id))
+                                                     self._sink, job.session, trace_ctx,
+                                                     request_id))
 
     async def chunks(self) -> AsyncIterator[list[ChoiceChunk]]:
         """Chunks as they come, several choices per item; raises ApiError if a choice fails."""

@@ -28,8 +28,8 @@ from minisgl_core.proto.minisgl.v1 import (
 
 from minisgl_gateway import metrics, openai_schema, structured
 from minisgl_gateway.agent_parsers import ChoiceParser
-from minisgl_gateway.core import Gateway
 from minisgl_gateway.errors import ApiError, invalid
+from minisgl_gateway.gateway import Gateway
 from minisgl_gateway.generation import ChoiceChunk, Generation, Usage
 from minisgl_gateway.job import Job
 from minisgl_gateway.request_context import HEADER, grpc_request_id, request_scope
@@ -83,6 +83,14 @@ def add_to_server(service: GenerationService, server: grpc.aio.Server) -> None:
     }
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
+def _session(context: grpc.aio.ServicerContext) -> str:
+    """The sticky-routing key of a call: its x-session-id metadata."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-session-id" and isinstance(value, str):
+            return value
+    return ""
 
 
 def _job(method: str, request: object) -> Job:
@@ -291,6 +299,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                      ) -> generation_pb2.GenerateResponse:
         async with self._call(method, context, request) as held:
             job = _job(method, request)
+            job.session = _session(context) or job.user
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)
                 held.append(gen)
@@ -308,6 +317,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                       ) -> AsyncIterator[generation_pb2.GenerateResponse]:
         async with self._call(method, context, request) as held:
             job = _job(method, request)
+            job.session = _session(context) or job.user
             request_id = job.request_id or REQUEST_ID.get() or secrets.token_hex(12)
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)

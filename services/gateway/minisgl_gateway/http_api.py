@@ -22,8 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl_gateway import metrics
-from minisgl_gateway.core import Gateway
 from minisgl_gateway.errors import ApiError, invalid
+from minisgl_gateway.gateway import Gateway
 from minisgl_gateway.generation import Generation
 from minisgl_gateway.job import Job
 from minisgl_gateway.openai_format import DONE, Formatter, error_event, model_card
@@ -286,6 +286,7 @@ def create_app(gateway: Gateway) -> FastAPI:
             f"window ({context} tokens) is that large", code="context_length_exceeded"))
         job, stream, include_usage = await parse_request(
             endpoint, raw, context)  # type: ignore[arg-type]
+        job.session = request.headers.get("x-session-id") or job.session
         return GenerationResponse(gateway, job, stream, include_usage)
 
     @app.post("/v1/chat/completions", response_model=None)

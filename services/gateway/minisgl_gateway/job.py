@@ -40,6 +40,7 @@ class Job:
     reasoning_parser: str = ""
     grammar_param: str = ""  # the request field the grammar came from (errors name it)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
+    session: str = ""  # sticky-routing key: OpenAI `user`, or the x-session-id header
 
     @property
     def num_choices(self) -> int:

@@ -69,3 +69,16 @@ def for_model(name: str) -> ModelMetrics:
                 TTFT.labels(name), ITL.labels(name), E2E.labels(name), PROMPT_TOKENS.labels(name),
                 GENERATION_TOKENS.labels(name), PARAMS_N.labels(name)))
     return found
+# Routing over engine replicas (label `engine`: the scheduler address; `policy`: --routing).
+ROUTED = counter("gateway_routed_requests_total", "sequences routed to an engine, by policy and "
+                 "by why the engine was chosen (cache, load, round_robin, sticky, retry)",
+                 ("engine", "policy", "reason"))
+PREDICTED_CACHED = counter("gateway_predicted_cached_tokens_total", "prompt tokens the router "
+                           "expected the engine to have cached", ("engine", "policy"))
+REPORTED_CACHED = counter("gateway_reported_cached_tokens_total", "prompt tokens the engine "
+                          "reported served from its prefix cache", ("engine", "policy"))
+RETRIES = counter("gateway_retries_total", "sequences moved to another engine before their first "
+                  "token because theirs failed or was draining (label: the engine left)",
+                  ("engine",))
+ENGINE_UP = gauge("gateway_engine_up", "1 while the engine takes new requests from this gateway "
+                  "(stream open, not draining)", ("engine",))

@@ -420,7 +420,8 @@ INLINE_PARSE_BYTES = 64 * 1024
 
 
 def _parse_request(endpoint: Endpoint, raw: bytes, max_items: int) -> tuple[Job, bool, bool]:
-    job, stream, include_usage, _user = build_job(endpoint, parse_json(raw, max_items))
+    job, stream, include_usage, user = build_job(endpoint, parse_json(raw, max_items))
+    job.session = user or ""
     return job, stream, include_usage
 
 

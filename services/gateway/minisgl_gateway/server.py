@@ -27,7 +27,7 @@ from minisgl_core.proto.minisgl.v1 import generation_pb2
 from minisgl_core.serving import server_options
 
 from minisgl_gateway.config import GatewayConfig
-from minisgl_gateway.core import Gateway
+from minisgl_gateway.gateway import Gateway
 from minisgl_gateway.grpc_api import GenerationService, add_to_server
 from minisgl_gateway.http_api import asgi_app
 from minisgl_gateway.http_limits import limited_protocol

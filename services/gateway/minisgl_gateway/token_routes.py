@@ -15,8 +15,8 @@ from fastapi import FastAPI, Request
 from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
 from pydantic import BaseModel
 
-from minisgl_gateway.core import Gateway
 from minisgl_gateway.errors import from_upstream, invalid
+from minisgl_gateway.gateway import Gateway
 from minisgl_gateway.openai_schema import _STRICT, Message, _message, parse_body, parse_json
 
 

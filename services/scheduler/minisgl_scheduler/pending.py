@@ -49,3 +49,7 @@ class PendingScheduler(scheduler_pb2_grpc.SchedulerServicer):
     def GetInfo(self, request: scheduler_pb2.GetInfoRequest,
                 context: grpc.ServicerContext) -> scheduler_pb2.GetInfoResponse:
         return self._ready(context).GetInfo(request, context)
+
+    def Watch(self, request: scheduler_pb2.WatchRequest,
+              context: grpc.ServicerContext) -> Iterator[scheduler_pb2.WatchResponse]:
+        yield from self._ready(context).Watch(request, context)

@@ -15,8 +15,17 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Protocol
 
 READY = -1  # ready_step of pages whose KV is already written
+
+
+class CacheListener(Protocol):
+    """Told of every page that enters or leaves the tree (prefix_events.PrefixEventLog)."""
+
+    def stored(self, tokens: list[int], first_new_page: int) -> None: ...
+
+    def removed(self, path_tokens: list[int], first_removed_page: int) -> None: ...
 
 
 class Node:
@@ -55,6 +64,7 @@ class RadixCache:
         self.total_pages = 0  # pages owned by the tree
         self.evictable_pages = 0  # of those, held by no running request
         self._clock = 0
+        self.listener: CacheListener | None = None
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -149,6 +159,8 @@ class RadixCache:
             self.total_pages += len(new.pages)
             self.evictable_pages += len(new.pages)
             node = new
+            if self.listener is not None:
+                self.listener.stored(tokens, have)
         return node, have
 
     def evict(self, n: int) -> list[int]:
@@ -161,6 +173,8 @@ class RadixCache:
         while heap and len(out) < n:
             node = heapq.heappop(heap)
             take = min(len(node.pages), n - len(out))
+            if self.listener is not None:
+                self._tell_removed(self.listener, node, len(node.pages) - take)
             if take < len(node.pages):  # trim the tail, keep the head cached
                 out.extend(node.pages[-take:])
                 node.pages = node.pages[:-take]
@@ -176,6 +190,14 @@ class RadixCache:
         self.total_pages -= len(out)
         self.evictable_pages -= len(out)
         return out
+
+    def _tell_removed(self, listener: CacheListener, node: Node, keep: int) -> None:
+        chunks, up = [], node
+        while up is not None and up is not self.root:
+            chunks.append(up.tokens)
+            up = up.parent
+        path = [t for chunk in reversed(chunks) for t in chunk]
+        listener.removed(path, len(path) // self.page_size - (len(node.pages) - keep))
 
     def evict_all(self) -> list[int]:
         return self.evict(self.evictable_pages)

@@ -26,11 +26,15 @@ from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2, scheduler_p
 from minisgl_scheduler.convert import FINISH_TO_PROTO, error_to_proto
 from minisgl_scheduler.errors import ErrorCode, SchedulerError
 from minisgl_scheduler.metrics import SchedulerMetrics
+from minisgl_scheduler.prefix_events import PrefixEventLog
 from minisgl_scheduler.request import FinishReason, TokenEvent
 from minisgl_scheduler.request_metrics import RequestClock
 from minisgl_scheduler.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
+DEFAULT_LOAD_INTERVAL_S = 0.1  # Watch: between load reports when the caller does not say
+MIN_LOAD_INTERVAL_S = 0.02
 
 
 @dataclass(eq=False)
@@ -64,6 +68,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self._conn_ids = itertools.count(1)
         self._stats = scheduler.stats()  # snapshot for GetLoad, replaced by the loop
         self._draining = False
+        self.events = PrefixEventLog(scheduler.info.page_size)
+        if scheduler.kv.cache is not None:
+            scheduler.kv.cache.listener = self.events
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scheduler-loop", daemon=True)
 
@@ -90,6 +97,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             self._thread.join(timeout=10)
         for conn in list(self._conns):
             conn.outbox.put(None)
+        self.events.wake()
         self.sched.close()
 
     # -- RPCs ------------------------------------------------------------------------------------
@@ -139,6 +147,45 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             eos_token_ids=info.eos_token_ids,
         )
 
+    def Watch(self, request: scheduler_pb2.WatchRequest,
+              context: grpc.ServicerContext) -> Iterator[scheduler_pb2.WatchResponse]:
+        """Load reports every `load_interval_s` and every prefix-cache change, numbered."""
+        interval = max(MIN_LOAD_INTERVAL_S, request.load_interval_s or DEFAULT_LOAD_INTERVAL_S)
+        page_size = self.events.page_size
+        cache = self.sched.kv.cache
+        sub = self._call(lambda: self.events.subscribe(request.resume_after, cache))
+        try:
+            cursor = sub.cursor
+            if sub.snapshot is not None:
+                yield scheduler_pb2.WatchResponse(seq=cursor, snapshot=True, stored=sub.snapshot,
+                                                  load=self._load(), page_size=page_size)
+            next_load = time.monotonic()
+            while context.is_active() and not self._stop.is_set():
+                wait = max(0.0, next_load - time.monotonic())
+                batches = self.events.since(cursor, wait)
+                if batches is None:  # fell out of the ring: start over from the whole tree
+                    cursor, hashes = self._call(lambda: self.events.snapshot(cache))
+                    yield scheduler_pb2.WatchResponse(seq=cursor, snapshot=True, stored=hashes,
+                                                      page_size=page_size)
+                    continue
+                for batch in batches:
+                    cursor = batch.seq
+                    yield scheduler_pb2.WatchResponse(seq=cursor, stored=batch.stored,
+                                                      removed=batch.removed, page_size=page_size)
+                now = time.monotonic()
+                if now >= next_load:
+                    yield scheduler_pb2.WatchResponse(seq=cursor, load=self._load(),
+                                                      page_size=page_size)
+                    next_load = max(next_load + interval, now)
+        finally:
+            self.events.unsubscribe()
+
+    def _load(self) -> scheduler_pb2.EngineLoad:
+        s = self._stats
+        return scheduler_pb2.EngineLoad(
+            running_requests=s.running, waiting_requests=s.waiting, used_pages=s.used_pages,
+            total_pages=s.total_pages, cached_pages=s.cached_pages, draining=self._draining)
+
     # -- the loop --------------------------------------------------------------------------------
 
     def _call(self, fn: Any, timeout: float = 30.0) -> Any:
@@ -170,6 +217,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                     conn.outbox.put(scheduler_pb2.ConnectResponse(updates=updates))
             for conn in [c for c in self._conns if c.half_closed and not c.rids]:
                 self._end(conn)
+            self.events.flush()
             self._stats = self.sched.stats()
             if self.metrics:
                 self.metrics.update(self._stats)

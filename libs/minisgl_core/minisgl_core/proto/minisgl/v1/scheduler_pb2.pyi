@@ -111,3 +111,43 @@ class GetInfoResponse(_message.Message):
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., page_size: _Optional[int] = ..., num_pages: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("resume_after", "load_interval_s")
+    RESUME_AFTER_FIELD_NUMBER: _ClassVar[int]
+    LOAD_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    resume_after: int
+    load_interval_s: float
+    def __init__(self, resume_after: _Optional[int] = ..., load_interval_s: _Optional[float] = ...) -> None: ...
+
+class EngineLoad(_message.Message):
+    __slots__ = ("running_requests", "waiting_requests", "used_pages", "total_pages", "cached_pages", "draining")
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    USED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_PAGES_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    running_requests: int
+    waiting_requests: int
+    used_pages: int
+    total_pages: int
+    cached_pages: int
+    draining: bool
+    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., used_pages: _Optional[int] = ..., total_pages: _Optional[int] = ..., cached_pages: _Optional[int] = ..., draining: bool = ...) -> None: ...
+
+class WatchResponse(_message.Message):
+    __slots__ = ("seq", "snapshot", "stored", "removed", "load", "page_size")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    snapshot: bool
+    stored: _containers.RepeatedScalarFieldContainer[int]
+    removed: _containers.RepeatedScalarFieldContainer[int]
+    load: EngineLoad
+    page_size: int
+    def __init__(self, seq: _Optional[int] = ..., snapshot: bool = ..., stored: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., page_size: _Optional[int] = ...) -> None: ...

@@ -38,6 +38,11 @@ class SchedulerStub(object):
                 request_serializer=minisgl_dot_v1_dot_scheduler__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=minisgl_dot_v1_dot_scheduler__pb2.GetInfoResponse.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/minisgl.v1.Scheduler/Watch',
+                request_serializer=minisgl_dot_v1_dot_scheduler__pb2.WatchRequest.SerializeToString,
+                response_deserializer=minisgl_dot_v1_dot_scheduler__pb2.WatchResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer(object):
@@ -69,6 +74,14 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """What a router needs to place requests: load reports at a modest rate and every change of the
+        prefix cache, as chained hashes of whole pages (minisgl_core.prefix_hash).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +104,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=minisgl_dot_v1_dot_scheduler__pb2.GetInfoRequest.FromString,
                     response_serializer=minisgl_dot_v1_dot_scheduler__pb2.GetInfoResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=minisgl_dot_v1_dot_scheduler__pb2.WatchRequest.FromString,
+                    response_serializer=minisgl_dot_v1_dot_scheduler__pb2.WatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -203,6 +221,33 @@ class Scheduler(object):
             '/minisgl.v1.Scheduler/GetInfo',
             minisgl_dot_v1_dot_scheduler__pb2.GetInfoRequest.SerializeToString,
             minisgl_dot_v1_dot_scheduler__pb2.GetInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/minisgl.v1.Scheduler/Watch',
+            minisgl_dot_v1_dot_scheduler__pb2.WatchRequest.SerializeToString,
+            minisgl_dot_v1_dot_scheduler__pb2.WatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

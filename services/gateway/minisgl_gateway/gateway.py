@@ -26,6 +26,7 @@ from minisgl_gateway.errors import unavailable as unavailable_error
 from minisgl_gateway.job import Job, model_error
 from minisgl_gateway.pipeline import Pipeline
 from minisgl_gateway.request_context import upstream_metadata
+from minisgl_gateway.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +65,23 @@ class Gateway:
         # Tokenize calls are stateless: round robin over every address the tokenizer target
         # resolves to (a headless Kubernetes Service, `dns:///name:port`, gives one per pod),
         # where the default pick_first would pin this gateway to one replica. The detokenizer
-        # and scheduler hold per-request state on one long-lived stream: first address only.
+        # holds per-request state on one long-lived stream: first address only. Engines
+        # (schedulers) are each their own channel, found by the pipeline's discovery.
         spread = [*GRPC_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
         security = from_args(config.internal_token_file, config.internal_tls_dir)
         self._channels = {
             name: aio_channel(target, options, security)
             for name, target, options in (("tokenizer", config.tokenizer, spread),
-                                          ("detokenizer", config.detokenizer, GRPC_OPTIONS),
-                                          ("scheduler", config.scheduler, GRPC_OPTIONS))
+                                          ("detokenizer", config.detokenizer, GRPC_OPTIONS))
         }
         self._tokenizer = tokenizer_pb2_grpc.TokenizerStub(self._channels["tokenizer"])
-        self.pipeline = Pipeline(self._channels["scheduler"], self._channels["detokenizer"],
-                                 retry_after=self.limits.retry_after_s)
+        router = Router(config.routing.policy, config.routing.balance_threshold,
+                        config.routing.sticky_sessions)
+        self.pipeline = Pipeline(
+            config.scheduler, self._channels["detokenizer"],
+            channel_for=lambda target: aio_channel(target, GRPC_OPTIONS, security),
+            retry_after=self.limits.retry_after_s, router=router,
+            discovery_interval=config.routing.discovery_interval)
         self._info: ModelInfo | None = None
         self._keys = [k.encode() for k in config.api_keys]
         self.active = 0  # admitted generation requests
@@ -106,8 +112,8 @@ class Gateway:
                     problem = f"tokenizer at {self.config.tokenizer}: {exc.code().name}"
             else:
                 await self.pipeline.wait_ready(min(1.0, max(0.0, deadline - time.monotonic())))
-                problem = (f"scheduler ({self.config.scheduler}) and detokenizer "
-                           f"({self.config.detokenizer}) streams not open")
+                problem = (f"no engine stream open ({self.config.scheduler}) or the detokenizer "
+                           f"({self.config.detokenizer}) stream not open")
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError(f"upstreams not ready after {timeout:.0f}s: {problem}")
@@ -268,6 +274,8 @@ class Gateway:
         names = list(self._channels)
         results = await asyncio.gather(*(check(self._channels[n]) for n in names))
         status = dict(zip(names, results, strict=True))
+        # Ready with at least one usable engine: the others are routed around.
+        status["scheduler"] = any(e.view.usable for e in self.pipeline.engines.values())
         status["streams"] = self.pipeline.ready
         status["model_info"] = self._info is not None  # learned from the tokenizer at start-up
         return status

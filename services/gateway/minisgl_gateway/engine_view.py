@@ -1,0 +1,111 @@
+"""What the gateway knows of one engine for routing: its load and the pages its prefix cache holds,
+both fed by the scheduler's `Watch` stream, plus what this gateway routed there since.
+
+The index is exact (the scheduler's own radix tree, as page hashes). Between a request being routed
+and the scheduler caching its prefix, the prefix is "predicted" here for a few seconds, so that a
+burst of requests sharing a new system prompt goes to one engine rather than to whichever was
+least loaded when each arrived (SMG's approximate tree and Dynamo's active blocks do the same).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from minisgl_core.proto.minisgl.v1 import scheduler_pb2
+
+PREDICT_TTL_S = 5.0  # longer than any engine takes to report a prefill it admitted
+MAX_PREDICTED = 1 << 18  # hashes; past it the oldest predictions are dropped
+
+
+@dataclass
+class EngineView:
+    address: str
+    page_size: int = 0  # 0 until the first Watch message
+    seq: int = 0  # last cache-event batch applied (0: none)
+    index: set[int] = field(default_factory=set)
+    predicted: dict[int, float] = field(default_factory=dict)  # hash -> expiry (monotonic)
+    load: scheduler_pb2.EngineLoad = field(default_factory=scheduler_pb2.EngineLoad)
+    routed_since_report: int = 0
+    inflight: int = 0  # this gateway's sequences on the engine
+    up: bool = False  # its Connect stream is open
+    health_draining: bool = False  # health said NOT_SERVING while the stream is open
+    retired: bool = False  # discovery no longer lists it
+
+    # -- Watch stream ------------------------------------------------------------------------
+
+    def apply(self, msg: scheduler_pb2.WatchResponse) -> bool:
+        """Apply one Watch message; False when a batch is missing (reopen the stream)."""
+        if msg.page_size:
+            self.page_size = msg.page_size
+        if msg.snapshot:
+            self.index = set(msg.stored)
+            self.seq = msg.seq
+        elif msg.stored or msg.removed:
+            if msg.seq != self.seq + 1:
+                return False
+            self.index.update(msg.stored)
+            self.index.difference_update(msg.removed)
+            self.seq = msg.seq
+        if msg.HasField("load"):
+            self.load = msg.load
+            self.routed_since_report = 0
+        return True
+
+    # -- routing -----------------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self.load.draining or self.health_draining
+
+    @property
+    def usable(self) -> bool:
+        return self.up and not self.draining and not self.retired
+
+    @property
+    def score(self) -> float:
+        """Requests on the engine (reported, plus those routed here since the report), with the
+        KV pages in use as a tie-break below one request."""
+        reported = self.load.running_requests + self.load.waiting_requests
+        requests = max(reported + self.routed_since_report, self.inflight)
+        kv = self.load.used_pages / self.load.total_pages if self.load.total_pages else 0.0
+        return requests + 0.5 * kv
+
+    def matched_pages(self, hashes: Sequence[int], now: float) -> int:
+        """Leading pages of a prompt (its page hashes) cached here or predicted to be."""
+        n = 0
+        index, predicted = self.index, self.predicted
+        for h in hashes:
+            if h in index:
+                n += 1
+                continue
+            expiry = predicted.get(h)
+            if expiry is None or expiry < now:
+                break
+            n += 1
+        return n
+
+    def note_routed(self, hashes: Sequence[int], now: float | None = None) -> None:
+        self.routed_since_report += 1
+        if not hashes:
+            return
+        now = time.monotonic() if now is None else now
+        predicted = self.predicted
+        if len(predicted) + len(hashes) > MAX_PREDICTED:
+            self.prune(now)
+            while len(predicted) + len(hashes) > MAX_PREDICTED and predicted:
+                del predicted[next(iter(predicted))]
+        expiry = now + PREDICT_TTL_S
+        for h in hashes:
+            if h not in self.index:
+                predicted.pop(h, None)  # re-inserted at the end: dict order stays expiry order
+                predicted[h] = expiry
+
+    def prune(self, now: float) -> None:
+        predicted = self.predicted
+        while predicted:
+            h = next(iter(predicted))
+            if predicted[h] >= now:
+                break
+            del predicted[h]

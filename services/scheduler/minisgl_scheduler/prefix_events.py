@@ -1,0 +1,128 @@
+"""The prefix cache's changes as a numbered event log, for routers that place requests where their
+prefix is cached (the `Watch` RPC).
+
+The radix tree calls `stored`/`removed` as pages enter and leave it; the loop thread `flush`es what
+one iteration changed as one batch with the next seq. Subscribers (gRPC threads) read the batches
+after the seq they hold, or take a snapshot of the whole tree when they start or fell behind the
+bounded ring. With no subscriber the hooks return at once and nothing is kept: the log is then
+"broken" on purpose (seq jumps, ring cleared), so a later resume gets a snapshot, never a silent gap.
+
+Pages are named by `minisgl_core.prefix_hash.page_hashes` over the tokens from the root, the same
+names a gateway computes for a prompt.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from minisgl_core.prefix_hash import page_hashes
+
+from minisgl_scheduler.radix import Node, RadixCache
+
+RING_BATCHES = 1024  # iterations a subscriber may fall behind before it needs a snapshot
+
+
+@dataclass(slots=True)
+class EventBatch:
+    seq: int
+    stored: list[int] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Subscription:
+    cursor: int  # the last seq this subscriber has
+    snapshot: list[int] | None  # every cached page hash, when it starts from a snapshot
+
+
+class PrefixEventLog:
+    def __init__(self, page_size: int, ring_batches: int = RING_BATCHES) -> None:
+        self.page_size = page_size
+        self.active = False  # any subscriber: read by the hooks on the loop thread
+        self._subscribers = 0
+        self._pending: dict[int, bool] = {}  # hash -> cached after this iteration (last op wins)
+        self._ring: deque[EventBatch] = deque(maxlen=ring_batches)
+        self._seq = 0
+        self._base = 0  # the ring holds every batch with seq in (base, seq]
+        self._cond = threading.Condition()
+
+    # -- hooks (loop thread, via RadixCache.listener) ------------------------------------------
+
+    def stored(self, tokens: list[int], first_new_page: int) -> None:
+        """`tokens` (whole pages from the root) are cached; pages from `first_new_page` are new."""
+        if self.active:
+            for h in page_hashes(tokens, self.page_size)[first_new_page:]:
+                self._pending[h] = True
+
+    def removed(self, path_tokens: list[int], first_removed_page: int) -> None:
+        """The pages of `path_tokens` (from the root) from `first_removed_page` on were evicted."""
+        if self.active:
+            for h in page_hashes(path_tokens, self.page_size)[first_removed_page:]:
+                self._pending[h] = False
+
+    def flush(self) -> None:
+        """End of a loop iteration: what changed becomes one numbered batch."""
+        if not self._pending:
+            return
+        batch = EventBatch(0)
+        for h, cached in self._pending.items():
+            (batch.stored if cached else batch.removed).append(h)
+        self._pending = {}
+        with self._cond:
+            self._seq += 1
+            batch.seq = self._seq
+            if len(self._ring) == self._ring.maxlen:
+                self._base = self._ring[0].seq
+            self._ring.append(batch)
+            self._cond.notify_all()
+
+    # -- subscribers ---------------------------------------------------------------------------
+
+    def subscribe(self, resume_after: int, cache: RadixCache | None) -> Subscription:
+        """Loop thread only (the snapshot must not race the hooks)."""
+        with self._cond:
+            self._subscribers += 1
+            self.active = True
+            if resume_after and self._base <= resume_after <= self._seq:
+                return Subscription(resume_after, None)
+        return Subscription(*self.snapshot(cache))
+
+    def snapshot(self, cache: RadixCache | None) -> tuple[int, list[int]]:
+        """(seq, every cached page hash) as of now. Loop thread only."""
+        self.flush()
+        hashes: list[int] = []
+        if cache is not None:
+            stack: list[tuple[Node, int]] = [(c, 0) for c in cache.root.children.values()]
+            while stack:
+                node, parent = stack.pop()
+                own = page_hashes(node.tokens, self.page_size, parent)
+                hashes += own
+                stack.extend((c, own[-1]) for c in node.children.values())
+        with self._cond:
+            return self._seq, hashes
+
+    def unsubscribe(self) -> None:
+        with self._cond:
+            self._subscribers -= 1
+            if self._subscribers == 0:
+                # Nothing is recorded from now on: make any later resume take a snapshot.
+                self.active = False
+                self._ring.clear()
+                self._seq += 1
+                self._base = self._seq
+
+    def since(self, cursor: int, timeout: float) -> list[EventBatch] | None:
+        """Batches after `cursor`, waiting up to `timeout` for one; None: `cursor` fell out of the
+        ring (take a snapshot)."""
+        with self._cond:
+            if cursor == self._seq:
+                self._cond.wait(timeout)
+            if cursor < self._base:
+                return None
+            return [b for b in self._ring if b.seq > cursor]
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()

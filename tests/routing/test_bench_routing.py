@@ -1,0 +1,28 @@
+"""bench/routing.py end to end on CPU with the tiny model: it launches two engines, runs the
+shared-prefix workload through a cache-aware gateway and reports a JSON line with numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_routing_cpu_smoke(tiny_model_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.routing", "--device", "cpu", "--model",
+         str(tiny_model_path), "--load-format", "auto", "--engines", "2", "--modes", "routed",
+         "--policies", "cache_aware", "--num-groups", "3", "--prompts-per-group", "3",
+         "--system-prompt-len", "64", "--question-len", "8", "--output-len", "3",
+         "--gateway-replicas", "1", "--client-processes", "1", "--concurrency", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    (rec,) = records
+    assert rec["mode"] == "routed" and rec["policy"] == "cache_aware" and rec["errors"] == 0
+    assert rec["requests"] == 9 and rec["output_tok_s"] > 0 and rec["ttft_p99_s"] > 0
+    # 3 groups x 3 prompts: at least the later prompts of each group find their prefix.
+    assert rec["hit_rate"] > 0.3

@@ -1,0 +1,108 @@
+"""The routing policies over hand-made engine views (no I/O): cache_aware follows the longest
+cached or predicted prefix until the load gap passes the threshold, least_load and round_robin
+spread, sticky sessions keep their engine and move only when it leaves, and a view applies Watch
+messages in order and asks for a resync on a gap."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+from minisgl_core.prefix_hash import page_hashes
+from minisgl_core.proto.minisgl.v1 import scheduler_pb2
+from minisgl_gateway.discovery import Discovery
+from minisgl_gateway.engine_view import EngineView
+from minisgl_gateway.routing import Router
+
+PS = 4
+
+
+def _views(n: int) -> list[EngineView]:
+    views = []
+    for i in range(n):
+        v = EngineView(f"10.0.0.{i}:1", page_size=PS, up=True)
+        views.append(v)
+    return views
+
+
+def _load(v: EngineView, running: int) -> None:
+    v.apply(scheduler_pb2.WatchResponse(seq=v.seq, load=scheduler_pb2.EngineLoad(
+        running_requests=running, total_pages=100)))
+
+
+def test_cache_aware_prefers_the_longest_cached_prefix_until_overloaded() -> None:
+    views = _views(3)
+    prompt = list(range(40))
+    hashes = page_hashes(prompt, PS)
+    views[1].index = set(hashes[:3])
+    views[2].index = set(hashes[:6])
+    router = Router("cache_aware", balance_threshold=4)
+    d = router.pick(views, prompt)
+    assert d.view is views[2] and d.reason == "cache" and d.predicted_tokens == 6 * PS
+    _load(views[2], 10)  # 10 more requests than the idle engines: past the threshold
+    d = router.pick(views, prompt)
+    assert d.view is not views[2] and d.reason == "load"
+    assert d.predicted_tokens == (3 * PS if d.view is views[1] else 0)
+
+
+def test_a_burst_of_one_new_prefix_stays_on_one_engine() -> None:
+    """Before the scheduler reports the prefix, the router's prediction holds it together."""
+    views = _views(3)
+    router = Router("cache_aware", balance_threshold=8)
+    system = list(range(100, 164))
+    picks = Counter(router.pick(views, system + [i] * PS).view.address for i in range(6))
+    assert len(picks) == 1
+    # Another prefix goes to a less loaded engine.
+    other = router.pick(views, list(range(500, 564))).view.address
+    assert other not in picks
+
+
+def test_least_load_and_round_robin_spread() -> None:
+    views = _views(3)
+    _load(views[0], 5)
+    _load(views[1], 1)
+    _load(views[2], 3)
+    assert Router("least_load").pick(views, [1] * 8).view is views[1]
+    rr = Router("round_robin")
+    assert [rr.pick(views, [1] * 8).view for _ in range(6)] == views * 2
+
+
+def test_sticky_sessions_keep_their_engine_and_move_only_when_it_leaves() -> None:
+    views = _views(4)
+    router = Router("least_load", balance_threshold=100, sticky=True)
+    homes = {f"user-{k}": router.pick(views, [1], f"user-{k}").view for k in range(40)}
+    assert len(set(h.address for h in homes.values())) == 4
+    for session, home in homes.items():
+        assert router.pick(views, [2], session).view is home
+    gone = views[0]
+    rest = views[1:]
+    for session, home in homes.items():
+        now = router.pick(rest, [3], session).view
+        assert (now is home) == (home is not gone)
+
+
+def test_view_applies_events_and_detects_gaps() -> None:
+    v = EngineView("a:1")
+    assert v.apply(scheduler_pb2.WatchResponse(seq=5, snapshot=True, stored=[1, 2], page_size=PS))
+    assert v.index == {1, 2} and v.seq == 5 and v.page_size == PS
+    assert v.apply(scheduler_pb2.WatchResponse(seq=6, stored=[3], removed=[1]))
+    assert v.index == {2, 3}
+    assert not v.apply(scheduler_pb2.WatchResponse(seq=8, stored=[4]))  # 7 is missing
+    assert v.index == {2, 3} and v.seq == 6
+    # A load-only message carries no batch: no gap check.
+    assert v.apply(scheduler_pb2.WatchResponse(seq=6, load=scheduler_pb2.EngineLoad(
+        draining=True)))
+    assert v.draining
+
+
+def test_discovery_static_and_file(tmp_path: Path) -> None:
+    assert Discovery("a:1, b:2,a:1").static() == ["a:1", "b:2"]
+    assert not Discovery("a:1").dynamic
+    path = tmp_path / "engines"
+    path.write_text("x:1\n# a comment\ny:2, z:3\n")
+    found = asyncio.run(Discovery(f"file://{path}").resolve())
+    assert found == ["x:1", "y:2", "z:3"]
+    assert asyncio.run(Discovery(f"file://{tmp_path}/missing").resolve()) is None
+    assert asyncio.run(Discovery("dns:///localhost:7").resolve()) in (
+        ["127.0.0.1:7"], ["127.0.0.1:7", "[::1]:7"], ["[::1]:7", "127.0.0.1:7"])
