@@ -34,7 +34,8 @@ def step_started(msg: worker_pb2.StepRequest, plan: StepPlan) -> Span | None:
         return None
     return tracing.start_span("worker_step", msg.traceparents[0], {
         "minisgl.step_id": plan.step_id, "minisgl.batch_size": plan.num_entries,
-        "minisgl.tokens": len(plan.decodes.rids) + sum(len(r.input_ids) for r in plan.reqs)}, links=msg.traceparents[1:])
+        "minisgl.tokens": len(plan.decodes.rids) + sum(len(r.input_ids) for r in plan.reqs)},
+        links=msg.traceparents[1:])
 
 
 def step_ended(span: Span, out: StepOutput | None) -> None:
