@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml apps/*/pyproject.toml)
 MODEL ?= models/tiny
 PYTEST_ARGS ?=
 
