@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+from minisgl_core.codes import FINISH_TO_PROTO, FinishReason
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     generation_pb2,
@@ -32,7 +33,8 @@ from minisgl_gateway.job import Job
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "minisgl.v1.Generation"
-_FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
+# A choice that ended in error or abort raised before it got here: only these two reach clients.
+_FINISH = {r.value: FINISH_TO_PROTO[r] for r in (FinishReason.STOP, FinishReason.LENGTH)}
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 

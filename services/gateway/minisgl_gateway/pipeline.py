@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from minisgl_core.codes import ErrorCode, finish_name
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     detokenizer_pb2,
@@ -37,12 +38,6 @@ from minisgl_gateway.sequence import EventSink, Sequence, StepEvent
 
 log = logging.getLogger(__name__)
 
-FINISH = {
-    common_pb2.FINISH_REASON_STOP: "stop",
-    common_pb2.FINISH_REASON_LENGTH: "length",
-    common_pb2.FINISH_REASON_ABORT: "abort",
-    common_pb2.FINISH_REASON_ERROR: "error",
-}
 # A sequence the gateway gave up on (stop string, client gone) waits for the scheduler's final
 # update to flush its detokenizer state; past this it is forgotten anyway.
 ORPHAN_TIMEOUT_S = 60.0
@@ -276,13 +271,13 @@ class Pipeline:
 
     def _final_event(self, seq: Sequence, update: scheduler_pb2.TokenUpdate,
                      text: str) -> StepEvent:
-        reason = FINISH.get(update.finish_reason)
+        reason = finish_name(update.finish_reason)
         event = StepEvent(index=seq.index, text=text, finish_reason=reason,
                           cached_tokens=update.cached_tokens)
         if update.error.code or reason in ("error", "abort"):
             message = update.error.message or "the request was aborted upstream"
             error = update.error if update.error.code else common_pb2.Error(
-                code=common_pb2.ERROR_CODE_UNAVAILABLE, message=message)
+                code=ErrorCode.UNAVAILABLE, message=message)
             event.error = from_upstream(error, self._retry_after)
             event.finish_reason = "error"
         return event

@@ -4,21 +4,14 @@ minisgl_core.convert."""
 from __future__ import annotations
 
 from minisgl_core import convert as core
+from minisgl_core.codes import FINISH_TO_PROTO, ErrorCode
 from minisgl_core.convert import step_error
 from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2
 from minisgl_core.step import StepOutput
 
-from minisgl_scheduler.errors import ErrorCode, SchedulerError
-from minisgl_scheduler.request import FinishReason
+from minisgl_scheduler.errors import SchedulerError
 
-FINISH_TO_PROTO = {
-    None: common_pb2.FINISH_REASON_UNSPECIFIED,
-    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
-    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
-    FinishReason.ABORT: common_pb2.FINISH_REASON_ABORT,
-    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
-}
-FINISH_FROM_PROTO = {v: k for k, v in FINISH_TO_PROTO.items()}
+__all__ = ["FINISH_TO_PROTO", "error_from_proto", "error_to_proto", "output_from_proto"]
 
 
 def error_to_proto(err: SchedulerError | None) -> common_pb2.Error | None:
