@@ -8,6 +8,7 @@ name clients see (OpenAI's `finish_reason`), and `FINISH_TO_PROTO` / `FINISH_FRO
 from __future__ import annotations
 
 import enum
+from typing import cast
 
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
@@ -30,7 +31,7 @@ class FinishReason(enum.Enum):
 
 
 # None: the request has not finished (FINISH_REASON_UNSPECIFIED on the wire).
-FINISH_TO_PROTO: dict[FinishReason | None, int] = {
+FINISH_TO_PROTO: dict[FinishReason | None, common_pb2.FinishReason] = {
     None: common_pb2.FINISH_REASON_UNSPECIFIED,
     FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
@@ -38,6 +39,15 @@ FINISH_TO_PROTO: dict[FinishReason | None, int] = {
     FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
 }
 FINISH_FROM_PROTO: dict[int, FinishReason | None] = {v: k for k, v in FINISH_TO_PROTO.items()}
+
+
+def wire_code(code: ErrorCode) -> common_pb2.ErrorCode:
+    """The same number, typed as the generated enum that message fields expect."""
+    return cast(common_pb2.ErrorCode, int(code))
+
+
+def proto_error(code: ErrorCode, message: str) -> common_pb2.Error:
+    return common_pb2.Error(code=wire_code(code), message=message)
 
 
 def finish_name(value: int) -> str | None:

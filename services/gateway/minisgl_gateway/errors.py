@@ -79,7 +79,7 @@ def unavailable(message: str, retry_after: int) -> ApiError:
 
 def from_upstream(error: common_pb2.Error, retry_after: int, param: str | None = None) -> ApiError:
     """A `minisgl.v1.Error` from the tokenizer or scheduler, as the client should see it."""
-    code, message = error.code, error.message or "the request failed upstream"
+    code, message = int(error.code), error.message or "the request failed upstream"
     if code == ErrorCode.INVALID_ARGUMENT:
         return invalid(message, param=param)
     if code == ErrorCode.CONTEXT_LENGTH_EXCEEDED:

@@ -19,10 +19,11 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from collections.abc import Sequence as Seq
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from minisgl_core.codes import ErrorCode, finish_name
+from minisgl_core.codes import ErrorCode, finish_name, proto_error
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     detokenizer_pb2,
@@ -181,7 +182,8 @@ class Pipeline:
         ready (a scheduler waiting for its worker, a service draining) would take the stream and
         end it at once, over and over. Waits up to a second for the channel to connect."""
         try:
-            reply = await self._health[name].Check(health_pb2.HealthCheckRequest(),
+            # The grpc_health stubs declare HealthStub without its methods.
+            reply = await self._health[name].Check(health_pb2.HealthCheckRequest(),  # type: ignore[attr-defined]
                                                    wait_for_ready=True, timeout=1.0)
         except grpc.aio.AioRpcError as exc:
             # No health service there (UNIMPLEMENTED): the stream itself will tell.
@@ -276,8 +278,8 @@ class Pipeline:
                           cached_tokens=update.cached_tokens)
         if update.error.code or reason in ("error", "abort"):
             message = update.error.message or "the request was aborted upstream"
-            error = update.error if update.error.code else common_pb2.Error(
-                code=ErrorCode.UNAVAILABLE, message=message)
+            error = (update.error if update.error.code
+                     else proto_error(ErrorCode.UNAVAILABLE, message))
             event.error = from_upstream(error, self._retry_after)
             event.finish_reason = "error"
         return event
@@ -371,7 +373,9 @@ class Pipeline:
                  delta: detokenizer_pb2.TextDelta, finish: int) -> None:
         # The event holds the update's repeated fields as they are (no copies): nothing
         # downstream changes them, and most streams never read logprobs at all.
-        tokens, logprobs, tops = update.token_ids, update.logprobs, update.top_logprobs
+        tokens: Seq[int] = update.token_ids
+        logprobs: Seq[float] = update.logprobs
+        tops: Seq[common_pb2.TopLogprobs] = update.top_logprobs
         if delta.stopped:
             keep = max(0, delta.num_tokens - seq.num_tokens)
             tokens, logprobs, tops = tokens[:keep], logprobs[:keep], tops[:keep]

@@ -93,7 +93,7 @@ class RadixCache:
     def match(self, tokens: list[int], ready_before: int | None = None) -> MatchResult:
         """Longest cached prefix of `tokens` in whole pages (nodes split at the match end)."""
         self._clock += 1
-        node, offset, pages = self.root, 0, []
+        node, offset, pages = self.root, 0, list[int]()
         ps = self.page_size
         while len(tokens) - offset >= ps:
             child = node.children.get(self._key(tokens, offset))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-from minisgl_core.codes import FinishReason
+from minisgl_core.codes import FinishReason as FinishReason  # re-exported: the shared enum
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import TopLogprobs
 
