@@ -85,6 +85,7 @@ def _job(method: str, request: object) -> Job:
     if isinstance(request, Undecodable):
         raise invalid(f"the request is not a valid message: {request.reason}")
     if method.startswith("Chat"):
+        # The method name says which of the two request messages this one is.
         return chat_job(request)  # type: ignore[arg-type]
     return generate_job(request)  # type: ignore[arg-type]
 

@@ -117,7 +117,7 @@ class RadixCache:
             if node.ref == 0:
                 self.evictable_pages -= len(node.pages)
             node.ref += 1
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # None only past the root
 
     def unlock(self, node: Node) -> None:
         while node is not self.root:
@@ -126,7 +126,7 @@ class RadixCache:
             node.ref -= 1
             if node.ref == 0:
                 self.evictable_pages += len(node.pages)
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # None only past the root
 
     def insert(self, tokens: list[int], pages: list[int],
                ready_step: int = READY) -> tuple[Node, int]:

@@ -143,12 +143,12 @@ class WorkerClient(StepExecutor):
             except queue.Empty:
                 self._fail(stream, WorkerFailed(
                     f"the worker did not answer within {self.step_timeout:.0f}s"))
-                raise stream.failure from None  # type: ignore[misc]
+                raise stream.failure from None  # type: ignore[misc]  # _fail set it
         if isinstance(item, Exception):
             raise item
         if item.worker_epoch and item.worker_epoch != self._info.epoch:
             self._fail(stream, WorkerFailed("the worker restarted: a new process answered the step"))
-            raise stream.failure from None  # type: ignore[misc]
+            raise stream.failure from None  # type: ignore[misc]  # _fail set it
         return output_from_proto(item)
 
     def close(self) -> None:
@@ -172,6 +172,7 @@ class WorkerClient(StepExecutor):
         call = stream.call
         assert call is not None
         try:
+            # A stream-stream call is also the response iterator; the stubs type it as a Future.
             for reply in call:  # type: ignore[attr-defined]
                 stream.inbox.put(reply)
             self._fail(stream, WorkerFailed("the worker closed the step stream"))
