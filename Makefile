@@ -6,15 +6,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml apps/*/pyproject.toml)
 MODEL ?= models/tiny
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-gpu test-deploy images push lint protos protos-check clean help
+.PHONY: install run test test-gpu test-deploy images push lint typecheck protos protos-check clean help
 
 help:
 	@echo "make run    - install into .venv and serve $(MODEL) (OpenAI HTTP :8000, gRPC :50051)"
 	@echo "make test   - install into .venv and run lint, proto checks and all tests"
+	@echo "make typecheck - mypy over minisgl_core, the services and the app (config: pyproject.toml)"
 	@echo "make protos - regenerate the Python stubs from protos/"
 	@echo "make test-gpu - the GPU checks of tests/gpu (on a CUDA machine; skipped without one)"
 	@echo "make test-deploy - install Docker if needed, build the images, run the compose stack's test"
@@ -37,10 +38,14 @@ run: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# Settings and per-package strictness: [tool.mypy] in pyproject.toml; the cache lives in .cache/mypy.
+typecheck: install
+	$(PY) -m mypy
+
 protos: install
 	$(PY) scripts/gen_protos.py
 
-test: install lint
+test: install lint typecheck
 	@scripts/ensure_test_tools.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 

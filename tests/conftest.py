@@ -8,7 +8,7 @@ import os
 # imports triton, and any test module may be the first to do so.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # The tests fork+exec services while gRPC channels of earlier tests poll: no gRPC fork handlers
-# (see libs/minisgl/minisgl/__init__.py).
+# (see apps/minisgl/minisgl/__init__.py).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from collections.abc import Iterator  # noqa: E402

@@ -26,7 +26,7 @@ class Terminal:
     def __init__(self, argv: list[str]) -> None:
         self.master, slave = pty.openpty()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT / "libs" / "minisgl"), os.environ.get("PYTHONPATH", "")]),
+            [str(ROOT / "apps" / "minisgl"), os.environ.get("PYTHONPATH", "")]),
             "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
                                      cwd=ROOT, start_new_session=True)

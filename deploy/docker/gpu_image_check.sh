@@ -28,7 +28,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile .whl/flashinfer_pyth
 python3 -m pip install -q --no-index --find-links .whl/py fastapi uvicorn jinja2 prometheus-client \
   grpcio-health-checking grpcio-reflection httpx httptools einops tabulate || exit 1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation libs/minisgl_core \
-  services/tokenizer services/scheduler services/worker services/gateway libs/minisgl || exit 1
+  services/tokenizer services/scheduler services/worker services/gateway apps/minisgl || exit 1
 python3 -m pip freeze > "$out/image-freeze.txt" 2>/dev/null
 
 step "installed packages vs deploy/docker/constraints-cuda.txt"

@@ -34,7 +34,8 @@ def grpc_healthy(target: str, service: str = "", timeout: float = 2.0,
         return False, str(exc)
     with security.sync_channel(target, []) as channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
+            # The grpc_health stubs declare HealthStub without its methods.
+            reply = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError as exc:
             return False, f"{exc.code().name}: {exc.details()}"

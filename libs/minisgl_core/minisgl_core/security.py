@@ -156,7 +156,8 @@ def from_args(token_file: str, tls_dir: str) -> InternalSecurity:
 # -- server interceptor ----------------------------------------------------------------------
 
 
-def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+def _deny(handler: grpc.RpcMethodHandler[Any, Any],
+          message: str) -> grpc.RpcMethodHandler[Any, Any]:
     def abort(_request: Any, context: grpc.ServicerContext) -> Any:
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
@@ -222,10 +223,11 @@ class _SyncToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterce
     def _call(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
         return continuation(_with_token(details, self._metadata), request)
 
-    intercept_unary_unary = _call
-    intercept_unary_stream = _call
-    intercept_stream_unary = _call
-    intercept_stream_stream = _call
+    # One body serves all four kinds; the grpc stubs type each one with its own generic signature.
+    intercept_unary_unary = _call  # type: ignore[assignment]
+    intercept_unary_stream = _call  # type: ignore[assignment]
+    intercept_stream_unary = _call  # type: ignore[assignment]
+    intercept_stream_stream = _call  # type: ignore[assignment]
 
 
 def _aio_token_interceptors(metadata: tuple[tuple[str, str], ...]) -> list[Any]:
@@ -235,19 +237,20 @@ def _aio_token_interceptors(metadata: tuple[tuple[str, str], ...]) -> list[Any]:
         return details._replace(metadata=aio.Metadata(*(details.metadata or ()), *metadata))
 
     class UnaryUnary(aio.UnaryUnaryClientInterceptor):
-        async def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001
+        async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
             return await continuation(details_with_token(details), request)
 
     class UnaryStream(aio.UnaryStreamClientInterceptor):
-        async def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001
+        async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
             return await continuation(details_with_token(details), request)
 
     class StreamUnary(aio.StreamUnaryClientInterceptor):
-        async def intercept_stream_unary(self, continuation, details, request_iterator):  # noqa: ANN001
+        async def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
             return await continuation(details_with_token(details), request_iterator)
 
     class StreamStream(aio.StreamStreamClientInterceptor):
-        async def intercept_stream_stream(self, continuation, details, request_iterator):  # noqa: ANN001
+        async def intercept_stream_stream(self, continuation: Any, details: Any,
+                                          request_iterator: Any) -> Any:
             return await continuation(details_with_token(details), request_iterator)
 
     return [UnaryUnary(), UnaryStream(), StreamUnary(), StreamStream()]

@@ -222,7 +222,8 @@ def wait_for_health(target: str, timeout: float = 60.0, service: str = "",
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
+                # The grpc_health stubs declare HealthStub without its methods.
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)  # type: ignore[attr-defined]
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError as exc:

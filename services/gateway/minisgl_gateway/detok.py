@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
+from minisgl_core.codes import ErrorCode, finish_name, proto_error
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     detokenizer_pb2,
@@ -31,13 +32,6 @@ from minisgl_gateway.sequence import Sequence, StepEvent
 from minisgl_gateway.streams import keep_open
 
 log = logging.getLogger(__name__)
-
-FINISH = {
-    common_pb2.FINISH_REASON_STOP: "stop",
-    common_pb2.FINISH_REASON_LENGTH: "length",
-    common_pb2.FINISH_REASON_ABORT: "abort",
-    common_pb2.FINISH_REASON_ERROR: "error",
-}
 
 Batch = list[tuple[Sequence, scheduler_pb2.TokenUpdate | None]]
 
@@ -139,13 +133,13 @@ class Detokenizing:
 
     def _final_event(self, seq: Sequence, update: scheduler_pb2.TokenUpdate,
                      text: str) -> StepEvent:
-        reason = FINISH.get(update.finish_reason)
+        reason = finish_name(update.finish_reason)
         event = StepEvent(index=seq.index, text=text, finish_reason=reason,
                           cached_tokens=update.cached_tokens)
         if update.error.code or reason in ("error", "abort"):
             message = update.error.message or "the request was aborted upstream"
-            error = update.error if update.error.code else common_pb2.Error(
-                code=common_pb2.ERROR_CODE_UNAVAILABLE, message=message)
+            error = (update.error if update.error.code
+                     else proto_error(ErrorCode.UNAVAILABLE, message))
             event.error = from_upstream(error, self._retry_after)
             event.finish_reason = "error"
         return event

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
+from minisgl_core.codes import ErrorCode
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
 _TYPES = {
@@ -78,14 +79,14 @@ def unavailable(message: str, retry_after: int) -> ApiError:
 
 def from_upstream(error: common_pb2.Error, retry_after: int, param: str | None = None) -> ApiError:
     """A `minisgl.v1.Error` from the tokenizer or scheduler, as the client should see it."""
-    code, message = error.code, error.message or "the request failed upstream"
-    if code == common_pb2.ERROR_CODE_INVALID_ARGUMENT:
+    code, message = int(error.code), error.message or "the request failed upstream"
+    if code == ErrorCode.INVALID_ARGUMENT:
         return invalid(message, param=param)
-    if code == common_pb2.ERROR_CODE_CONTEXT_LENGTH_EXCEEDED:
+    if code == ErrorCode.CONTEXT_LENGTH_EXCEEDED:
         return invalid(message, param=param or "messages", code="context_length_exceeded")
-    if code == common_pb2.ERROR_CODE_OVERLOADED:
+    if code == ErrorCode.OVERLOADED:
         return overloaded(message, retry_after)
-    if code == common_pb2.ERROR_CODE_UNAVAILABLE:
+    if code == ErrorCode.UNAVAILABLE:
         return unavailable(message, retry_after)
     return ApiError(502, message, code="upstream_error")
 

@@ -265,7 +265,8 @@ class Gateway:
     async def upstream_health(self) -> dict[str, bool]:
         async def check(channel: grpc.aio.Channel) -> bool:
             try:
-                reply = await health_pb2_grpc.HealthStub(channel).Check(
+                # The grpc_health stubs declare HealthStub without its methods.
+                reply = await health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
                     health_pb2.HealthCheckRequest(service=""), timeout=1.0)
             except grpc.aio.AioRpcError:
                 return False

@@ -171,10 +171,11 @@ class Generation:
         grown: dict[int, list[int]] = {}  # token ids of choices with several events, copied once
         for e in events:
             index = e.index
-            chunk = by_index.get(index)
-            if chunk is None:
+            found = by_index.get(index)
+            if found is None:
                 chunk = by_index[index] = ChoiceChunk(index, e.text, e.token_ids)
             else:
+                chunk = found
                 chunk.text += e.text
                 ids = grown.get(index)
                 if ids is None:

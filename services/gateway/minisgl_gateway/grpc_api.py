@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 from minisgl_core import tracing
+from minisgl_core.codes import FINISH_TO_PROTO, FinishReason
 from minisgl_core.logging import REQUEST_ID
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
@@ -38,7 +39,8 @@ from minisgl_gateway.request_context import only_request_id as request_scope_id
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "minisgl.v1.Generation"
-_FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
+# A choice that ended in error or abort raised before it got here: only these two reach clients.
+_FINISH = {r.value: FINISH_TO_PROTO[r] for r in (FinishReason.STOP, FinishReason.LENGTH)}
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 
@@ -97,6 +99,7 @@ def _job(method: str, request: object) -> Job:
     if isinstance(request, Undecodable):
         raise invalid(f"the request is not a valid message: {request.reason}")
     if method.startswith("Chat"):
+        # The method name says which of the two request messages this one is.
         return chat_job(request)  # type: ignore[arg-type]
     return generate_job(request)  # type: ignore[arg-type]
 

@@ -284,6 +284,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         raw = await read_body(request, gateway.limits.max_body_bytes, fits, invalid(
             f"the request body exceeds {fits} bytes: no request whose prompt fits the context "
             f"window ({context} tokens) is that large", code="context_length_exceeded"))
+        # The routes below pass only "chat" or "completion" (the Endpoint literal).
         job, stream, include_usage = await parse_request(
             endpoint, raw, context)  # type: ignore[arg-type]
         job.session = request.headers.get("x-session-id") or job.session

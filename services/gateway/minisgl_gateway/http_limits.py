@@ -57,6 +57,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._in_head and not self.transport.is_closing():
             self._refuse(408, f"request headers not received within {self.header_timeout_s:g}s")
 
+    # uvicorn's TCP server always hands a stream Transport (asyncio types it BaseTransport).
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()

@@ -291,8 +291,8 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]]
     if not prompt:
         return []
     if isinstance(prompt[0], str):
-        return [tokenizer_pb2.TokenizeItem(text=p) for p in prompt]  # type: ignore[arg-type]
-    rows: list[list[int]] = [prompt] if isinstance(prompt[0], int) else prompt  # type: ignore
+        return [tokenizer_pb2.TokenizeItem(text=p) for p in prompt]
+    rows: list[list[int]] = [prompt] if isinstance(prompt[0], int) else prompt
     items = []
     for row in rows:
         if not row:

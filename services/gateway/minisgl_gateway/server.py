@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import uvicorn
@@ -82,7 +83,7 @@ class GatewayServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         reflection.enable_server_reflection(
             [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], self.grpc_server)
-        tls = {}
+        tls: dict[str, Any] = {}
         if config.tls_cert:
             tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
         self.http = _Uvicorn(uvicorn.Config(

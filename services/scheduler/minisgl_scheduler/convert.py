@@ -3,28 +3,27 @@ minisgl_core.convert."""
 
 from __future__ import annotations
 
+from typing import overload
+
 from minisgl_core import convert as core
+from minisgl_core.codes import FINISH_TO_PROTO, ErrorCode, proto_error
 from minisgl_core.convert import step_error
 from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2
 from minisgl_core.step import StepOutput
 
-from minisgl_scheduler.errors import ErrorCode, SchedulerError
-from minisgl_scheduler.request import FinishReason
+from minisgl_scheduler.errors import SchedulerError
 
-FINISH_TO_PROTO = {
-    None: common_pb2.FINISH_REASON_UNSPECIFIED,
-    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
-    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
-    FinishReason.ABORT: common_pb2.FINISH_REASON_ABORT,
-    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
-}
-FINISH_FROM_PROTO = {v: k for k, v in FINISH_TO_PROTO.items()}
+__all__ = ["FINISH_TO_PROTO", "error_from_proto", "error_to_proto", "output_from_proto"]
 
 
+@overload
+def error_to_proto(err: SchedulerError) -> common_pb2.Error: ...
+@overload
+def error_to_proto(err: None) -> None: ...
 def error_to_proto(err: SchedulerError | None) -> common_pb2.Error | None:
     if err is None:
         return None
-    return common_pb2.Error(code=int(err.code), message=err.message)
+    return proto_error(err.code, err.message)
 
 
 def error_from_proto(m: common_pb2.Error) -> SchedulerError:

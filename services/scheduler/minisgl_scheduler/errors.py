@@ -1,4 +1,4 @@
-"""Errors the scheduler reports, with codes that mirror `minisgl.v1.ErrorCode`.
+"""Errors the scheduler reports, with the shared `ErrorCode`s (minisgl_core.codes).
 
 `submit` raises them for refused requests; failed requests carry one in their final `TokenEvent`.
 Messages are meant for the client: they say what was wrong and what the limit is.
@@ -6,16 +6,11 @@ Messages are meant for the client: they say what was wrong and what the limit is
 
 from __future__ import annotations
 
-from enum import IntEnum
+from minisgl_core.codes import ErrorCode
 
-
-class ErrorCode(IntEnum):
-    # Values equal the proto enum so the gRPC adapter converts with `int(code)`.
-    INVALID_ARGUMENT = 1
-    CONTEXT_LENGTH_EXCEEDED = 2
-    OVERLOADED = 3
-    INTERNAL = 4
-    UNAVAILABLE = 5
+# ErrorCode is re-exported: `minisgl_scheduler.errors.ErrorCode` is the shared enum itself.
+__all__ = ["ErrorCode", "SchedulerError", "InvalidRequest", "ContextLengthExceeded", "Overloaded",
+           "WorkerFailed"]
 
 
 class SchedulerError(Exception):

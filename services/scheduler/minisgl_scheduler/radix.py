@@ -103,7 +103,7 @@ class RadixCache:
     def match(self, tokens: list[int], ready_before: int | None = None) -> MatchResult:
         """Longest cached prefix of `tokens` in whole pages (nodes split at the match end)."""
         self._clock += 1
-        node, offset, pages = self.root, 0, []
+        node, offset, pages = self.root, 0, list[int]()
         ps = self.page_size
         while len(tokens) - offset >= ps:
             child = node.children.get(self._key(tokens, offset))
@@ -127,7 +127,7 @@ class RadixCache:
             if node.ref == 0:
                 self.evictable_pages -= len(node.pages)
             node.ref += 1
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # None only past the root
 
     def unlock(self, node: Node) -> None:
         while node is not self.root:
@@ -136,7 +136,7 @@ class RadixCache:
             node.ref -= 1
             if node.ref == 0:
                 self.evictable_pages += len(node.pages)
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # None only past the root
 
     def insert(self, tokens: list[int], pages: list[int],
                ready_step: int = READY) -> tuple[Node, int]:

@@ -5,18 +5,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
+from minisgl_core.codes import FinishReason as FinishReason  # re-exported: the shared enum
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import StepOutput, TopLogprobs
 
 from minisgl_scheduler.errors import SchedulerError
 from minisgl_scheduler.radix import Node
-
-
-class FinishReason(enum.Enum):
-    STOP = "stop"  # EOS, a stop token, or a stop string (reported through abort)
-    LENGTH = "length"  # max_tokens or the context window
-    ABORT = "abort"  # the client went away or cancelled
-    ERROR = "error"  # see TokenEvent.error
 
 
 class Phase(enum.Enum):

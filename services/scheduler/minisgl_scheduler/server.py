@@ -40,10 +40,13 @@ MIN_LOAD_INTERVAL_S = 0.02
 @dataclass(eq=False)
 class _Conn:
     id: int
-    outbox: queue.Queue = field(default_factory=queue.Queue)  # ConnectResponse | None (end)
+    outbox: queue.Queue[Any] = field(default_factory=queue.Queue)  # ConnectResponse | None (end)
     rids: dict[int, int] = field(default_factory=dict)  # client rid -> scheduler rid
     half_closed: bool = False  # the client sends no more; end the stream when its requests end
     ended: bool = False
+
+
+_Out = dict[_Conn, list[scheduler_pb2.TokenUpdate]]  # token updates per connection, one pass
 
 
 @dataclass(slots=True)
@@ -190,7 +193,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
 
     def _call(self, fn: Any, timeout: float = 30.0) -> Any:
         """Run `fn` on the loop thread (the only one that touches the scheduler)."""
-        fut: Future = Future()
+        fut: Future[Any] = Future()
         self._inbox.put(("call", fn, fut))
         return fut.result(timeout=timeout)
 
@@ -222,7 +225,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             if self.metrics:
                 self.metrics.update(self._stats)
 
-    def _take_commands(self, out: dict, block: bool) -> None:
+    def _take_commands(self, out: _Out, block: bool) -> None:
         try:
             cmd = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
@@ -234,7 +237,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             except queue.Empty:
                 return
 
-    def _apply(self, cmd: tuple[Any, ...], out: dict) -> None:
+    def _apply(self, cmd: tuple[Any, ...], out: _Out) -> None:
         kind = cmd[0]
         if kind == "batch":
             conn, msg = cmd[1], cmd[2]
@@ -262,7 +265,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             except Exception as exc:
                 fut.set_exception(exc)
 
-    def _submit(self, conn: _Conn, item: scheduler_pb2.SubmitItem, out: dict) -> None:
+    def _submit(self, conn: _Conn, item: scheduler_pb2.SubmitItem, out: _Out) -> None:
         rid = next(self._rids)
         try:
             if self._draining:
@@ -288,7 +291,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             self.clock.submitted(rid, self._owners[rid].arrived, len(item.input_ids),
                                  params.max_tokens)
 
-    def _route(self, ev: TokenEvent, out: dict) -> None:
+    def _route(self, ev: TokenEvent, out: _Out) -> None:
         owner = self._owners.get(ev.rid)
         if owner is None:
             return  # its connection is gone
@@ -353,7 +356,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         conn.outbox.put(None)
         self._conns.discard(conn)
 
-    def _fail_all(self, out: dict) -> None:
+    def _fail_all(self, out: _Out) -> None:
         error = SchedulerError("internal scheduler error")
         for rid, owner in list(self._owners.items()):
             out[owner.conn].append(scheduler_pb2.TokenUpdate(

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from minisgl_core.convert import info_from_proto, plan_to_proto
@@ -39,9 +40,9 @@ _END = object()
 
 @dataclass
 class _Stream:
-    call: grpc.Future | None = None
-    outbox: queue.Queue = field(default_factory=queue.Queue)  # StepRequest | _END
-    inbox: queue.Queue = field(default_factory=queue.Queue)  # StepResponse | Exception
+    call: grpc.Future[Any] | None = None
+    outbox: queue.Queue[Any] = field(default_factory=queue.Queue)  # StepRequest | _END
+    inbox: queue.Queue[Any] = field(default_factory=queue.Queue)  # StepResponse | Exception
     failure: Exception | None = None
 
     def requests(self) -> Iterator[worker_pb2.StepRequest]:
@@ -86,7 +87,7 @@ class WorkerClient(StepExecutor):
                     timeout=max(0.05, min(2.0, deadline - began)))
                 return info_from_proto(reply)
             except grpc.RpcError as exc:
-                error = f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+                error = f"{exc.code().name}: {exc.details()}"
             now = time.monotonic()
             if now >= deadline:
                 raise WorkerFailed(f"cannot reach the worker at {self.target} within "
@@ -112,7 +113,7 @@ class WorkerClient(StepExecutor):
                                              wait_for_ready=True, timeout=self.CHECK_TIMEOUT_S)
         except grpc.RpcError as exc:
             raise WorkerFailed(f"the worker at {self.target} is unreachable: "
-                               f"{exc.code().name}: {exc.details()}") from None  # type: ignore[attr-defined]
+                               f"{exc.code().name}: {exc.details()}") from None
         info = info_from_proto(reply)
         if info.epoch == self._info.epoch:
             return None
@@ -142,12 +143,12 @@ class WorkerClient(StepExecutor):
             except queue.Empty:
                 self._fail(stream, WorkerFailed(
                     f"the worker did not answer within {self.step_timeout:.0f}s"))
-                raise stream.failure from None  # type: ignore[misc]
+                raise stream.failure from None  # type: ignore[misc]  # _fail set it
         if isinstance(item, Exception):
             raise item
         if item.worker_epoch and item.worker_epoch != self._info.epoch:
             self._fail(stream, WorkerFailed("the worker restarted: a new process answered the step"))
-            raise stream.failure from None  # type: ignore[misc]
+            raise stream.failure from None  # type: ignore[misc]  # _fail set it
         return output_from_proto(item)
 
     def close(self) -> None:
@@ -171,12 +172,13 @@ class WorkerClient(StepExecutor):
         call = stream.call
         assert call is not None
         try:
+            # A stream-stream call is also the response iterator; the stubs type it as a Future.
             for reply in call:  # type: ignore[attr-defined]
                 stream.inbox.put(reply)
             self._fail(stream, WorkerFailed("the worker closed the step stream"))
         except grpc.RpcError as exc:
             self._fail(stream, WorkerFailed(
-                f"the worker stream broke: {exc.code().name}: {exc.details()}"))  # type: ignore[attr-defined]
+                f"the worker stream broke: {exc.code().name}: {exc.details()}"))
 
     def _fail(self, stream: _Stream, exc: Exception) -> None:
         """Every step still waiting on `stream` fails with `exc`; the stream is torn down."""

@@ -7,6 +7,7 @@ MINISGL_DETOKENIZER_PORT), MINISGL_MODEL_PATH for --model, MINISGL_LOG_LEVEL for
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -26,7 +27,7 @@ DESCRIPTIONS = {
 }
 
 
-def _parse(service: str, argv: list[str] | None):
+def _parse(service: str, argv: list[str] | None) -> argparse.Namespace:
     args = ServiceArgs(service, DESCRIPTIONS[service])
     args.add_common(DEFAULT_PORTS[service], DEFAULT_METRICS_PORTS[service])
     args.add("--model", os.environ.get("MINISGL_MODEL_PATH"),

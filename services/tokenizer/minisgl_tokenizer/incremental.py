@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 try:  # tokenizers >= 0.22: a Rust stream that also takes a list of ids per step
     from tokenizers.decoders import DecodeStream
 except ImportError:  # pragma: no cover - older tokenizers take the Python window path
-    DecodeStream = None  # type: ignore[assignment,misc]
+    DecodeStream = None  # type: ignore[assignment,misc]  # the class, or None without it
 
 REPLACEMENT = "\ufffd"
 CONTEXT_TOKENS = 4  # tokens of already-emitted context at the start of every window decode

@@ -9,20 +9,13 @@ bounded by the context window, not by the size of the request.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
+
+from minisgl_core.codes import ErrorCode
 
 from minisgl_tokenizer.bounds import TextBounds
 from minisgl_tokenizer.chat_template import ChatTemplateError
 from minisgl_tokenizer.model_files import ModelTokenizer
-
-
-class ErrorCode(IntEnum):
-    """Values of `minisgl.v1.ErrorCode` used here."""
-
-    INVALID_ARGUMENT = 1
-    CONTEXT_LENGTH_EXCEEDED = 2
-    INTERNAL = 4
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import grpc
+from minisgl_core.codes import wire_code
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     detokenizer_pb2,
@@ -96,7 +97,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         for result in results:
             out = reply.results.add()
             if result.error is not None:
-                out.error.code = int(result.error.code)
+                out.error.code = wire_code(result.error.code)
                 out.error.message = result.error.message
                 metrics.TOKENIZE_ERRORS.labels(result.error.code.name).inc()
             else:

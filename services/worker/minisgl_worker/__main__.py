@@ -62,7 +62,7 @@ def build_parser() -> ServiceArgs:
             continue
         kind: type = {"int": int, "float": float, "bool": bool}.get(
             str(f.type).split(" |")[0], str)
-        extra = {"choices": _CHOICES[f.name]} if f.name in _CHOICES else {}
+        extra: dict[str, Any] = {"choices": _CHOICES[f.name]} if f.name in _CHOICES else {}
         if f.name == "model_path":
             extra["dest"] = "model_path"
         args.add(flag, default, _HELP[f.name], kind, **extra)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2
+from minisgl_core.codes import ErrorCode, proto_error
+from minisgl_core.proto.minisgl.v1 import worker_pb2
 
 
-def error_response(step_id: int, code: int, message: str) -> worker_pb2.StepResponse:
+def error_response(step_id: int, code: ErrorCode, message: str) -> worker_pb2.StepResponse:
     return worker_pb2.StepResponse(step_id=step_id,
-                                   error=common_pb2.Error(code=code, message=message))
+                                   error=proto_error(code, message))

@@ -20,6 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from minisgl_core.step import StepExecutor, StepOutput, StepPlan, TopLogprobs, WorkerInfo
@@ -34,6 +35,9 @@ from .layers.fp8 import check_supported as check_quantization
 from .loader import load_model
 from .model_config import ModelConfig
 from .sampler import Sampler
+
+if TYPE_CHECKING:
+    from .cuda_graph import CudaGraphRunner
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +59,8 @@ class _InFlight:
 class Engine(StepExecutor):
     def __init__(self, config: EngineConfig) -> None:
         device = config.torch_device()
-        config = replace(config, page_size=config.resolved_page_size(device))
+        self.page_size = config.resolved_page_size(device)  # typed int, unlike the config field
+        config = replace(config, page_size=self.page_size)
         self.config = config
         self.device = device
         self.dtype = config.torch_dtype(self.device)
@@ -92,11 +97,11 @@ class Engine(StepExecutor):
         tp = config.tp_size
         heads, kv_heads = dist.shard(mc.num_heads, "heads"), dist.shard(mc.num_kv_heads, "kv heads")
         self.num_pages = self._size_kv(kv_heads)
-        self.max_pages_per_seq = -(-self.max_model_len // config.page_size)
-        self.pool = KVPool(mc.num_layers, self.num_pages, config.page_size, kv_heads, mc.head_dim,
+        self.max_pages_per_seq = -(-self.max_model_len // self.page_size)
+        self.pool = KVPool(mc.num_layers, self.num_pages, self.page_size, kv_heads, mc.head_dim,
                            self.kv_dtype, self.device, config.max_slots, self.max_pages_per_seq)
         attn_cfg = AttentionConfig(heads, kv_heads, mc.head_dim, mc.head_dim ** -0.5,
-                                   config.page_size, config.max_slots, self.max_pages_per_seq,
+                                   self.page_size, config.max_slots, self.max_pages_per_seq,
                                    self.max_model_len, self.dtype, self.device,
                                    kv_dtype=self.kv_dtype)
         self.backend = create_backend(config.attention_backend, attn_cfg, self.pool,
@@ -111,14 +116,14 @@ class Engine(StepExecutor):
                                tokenizer_path=find_tokenizer(config.model_path))
         self.sampler.grammars.compiler.warm()
         self.builder = PlanBuilder(config.max_slots, self.max_pages_per_seq, self.num_pages,
-                                   config.page_size, self.max_model_len, mc.vocab_size,
+                                   self.page_size, self.max_model_len, mc.vocab_size,
                                    self.device, dummy_page=self.pool.dummy_page)
         self.last_tokens = torch.zeros(config.max_slots, dtype=torch.int64, device=self.device)
         self.graph_runner = self._make_graph_runner()
         self._inflight: deque[_InFlight] = deque()
         self._closed = False
         log.info("KV cache: %d pages x %d tokens (%.2f GiB, %s), backend %s, device %s",
-                 self.num_pages, config.page_size, self.pool.memory_bytes() / 2**30,
+                 self.num_pages, self.page_size, self.pool.memory_bytes() / 2**30,
                  str(self.kv_dtype).removeprefix("torch."),
                  describe(self.backend), self.device)
 
@@ -129,8 +134,8 @@ class Engine(StepExecutor):
         if cfg.num_pages is not None:
             return cfg.num_pages
         if self.device.type != "cuda":
-            return max(1, -(-cfg.kv_cache_tokens // cfg.page_size))
-        per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim,
+            return max(1, -(-cfg.kv_cache_tokens // self.page_size))
+        per_page = KVPool.bytes_per_page(mc.num_layers, self.page_size, kv_heads, mc.head_dim,
                                          self.kv_dtype)
         free, total = torch.cuda.mem_get_info(self.device)
         budget = total * cfg.mem_fraction - (total - free)
@@ -143,13 +148,13 @@ class Engine(StepExecutor):
                                f"GiB); raise --mem-fraction or use more GPUs (TP)")
         return n
 
-    def _make_graph_runner(self) -> object | None:
+    def _make_graph_runner(self) -> CudaGraphRunner | None:
         cfg = self.config
         if (self.device.type != "cuda" or cfg.disable_cuda_graph
                 or not getattr(self.backend, "supports_cuda_graph", False)):
             return None
         try:
-            from .cuda_graph import CudaGraphRunner  # type: ignore[import-not-found]
+            from .cuda_graph import CudaGraphRunner
         except ImportError:
             log.info("CUDA graphs: no runner in this build; running eagerly")
             return None
@@ -167,7 +172,7 @@ class Engine(StepExecutor):
         mc = self.model_config
         return WorkerInfo(
             model_name=Path(self.config.model_path).name, num_pages=self.num_pages,
-            page_size=self.config.page_size, max_model_len=self.max_model_len,
+            page_size=self.page_size, max_model_len=self.max_model_len,
             max_slots=self.config.max_slots, vocab_size=mc.vocab_size,
             eos_token_ids=list(mc.eos_token_ids), tp_size=self.config.tp_size,
             device=str(self.device), attention_backend=describe(self.backend),
@@ -269,12 +274,12 @@ class Engine(StepExecutor):
                 logits = out[: len(rids)]
             else:
                 logits = out[step.batch.sample_indices]
-            out = self.sampler.sample(logits, step.sample_slots, step.sample_positions,
-                                      host_slots=step.sample_slots_host)
-            self.last_tokens[step.sample_slots] = out.token_ids
-            want = out.logprobs is not None
-            tokens, logprobs = self._to_host(out.token_ids), self._to_host(out.logprobs)
-            top_ids, top_lp = self._to_host(out.top_ids), self._to_host(out.top_logprobs)
+            sampled = self.sampler.sample(logits, step.sample_slots, step.sample_positions,
+                                          host_slots=step.sample_slots_host)
+            self.last_tokens[step.sample_slots] = sampled.token_ids
+            want = sampled.logprobs is not None
+            tokens, logprobs = self._to_host(sampled.token_ids), self._to_host(sampled.logprobs)
+            top_ids, top_lp = self._to_host(sampled.top_ids), self._to_host(sampled.top_logprobs)
         done = None
         if self.device.type == "cuda":
             done = torch.cuda.Event()
@@ -301,9 +306,9 @@ class Engine(StepExecutor):
         a CUDA graph that computes them ran."""
         batch = step.batch
         runner = self.graph_runner
-        if use_graph and runner is not None and runner.can_run(batch):  # type: ignore[attr-defined]
-            out = runner.run(step.input_ids, batch)  # type: ignore[attr-defined]
-            return out, bool(runner.returns_logits)  # type: ignore[attr-defined]
+        if use_graph and runner is not None and runner.can_run(batch):
+            out = runner.run(step.input_ids, batch)
+            return out, bool(runner.returns_logits)
         self.backend.prepare(batch)
         return self.model(step.input_ids, batch.positions, self.backend), False
 

@@ -73,6 +73,7 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
                 if param is None:
                     log.warning("checkpoint tensor %s matches no parameter; skipped", name)
                     continue
+                # weight_loader / num_shards: attributes layers/weights.py sets on each Parameter.
                 param.weight_loader(param, f.get_slice(name), shard_id)  # type: ignore[attr-defined]
                 loaded.setdefault(pname, set()).add(shard_id)
     missing = sorted(name for name, p in params.items()

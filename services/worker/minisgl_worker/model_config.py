@@ -49,7 +49,7 @@ class ModelConfig:
         archs = d.get("architectures") or []
         if not archs:
             raise ValueError("config.json has no 'architectures' entry")
-        rope = dict(d.get("rope_parameters") or {})
+        rope: dict[str, Any] = dict(d.get("rope_parameters") or {})
         theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
         scaling = d.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
                                             if rope else None)

@@ -223,9 +223,8 @@ class Sampler:
             raise ValueError(f"logits must be floating point, got {logits.dtype}")
         if host_slots is None:
             host_slots = slots.cpu()
-        if isinstance(host_slots, torch.Tensor):
-            host_slots = host_slots.numpy()
-        hs = np.asarray(host_slots, dtype=np.int64)
+        hs = np.asarray(host_slots.numpy() if isinstance(host_slots, torch.Tensor) else host_slots,
+                        dtype=np.int64)
         if hs.shape != (batch,) or slots.shape != (batch,) or positions.shape != (batch,):
             raise ValueError("slots, positions (and host_slots) must be [B]")
         if batch and (int(hs.min()) < 0 or int(hs.max()) >= self.max_slots):

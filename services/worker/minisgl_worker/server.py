@@ -24,9 +24,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+from minisgl_core.codes import ErrorCode
 from minisgl_core.convert import info_to_proto, output_to_proto, plan_from_proto
 from minisgl_core.metrics import MODEL, STEP_BUCKETS, counter, histogram
-from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from minisgl_core.proto.minisgl.v1 import worker_pb2, worker_pb2_grpc
 from minisgl_core.sampling import InvalidParams
 from minisgl_core.step import StepExecutor
 
@@ -129,11 +130,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     self.engine.launch(plan)
                     order.put(("step", req.step_id, t0, span))
                 except (InvalidPlan, InvalidParams) as exc:
-                    order.put(("error", req.step_id, common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                    order.put(("error", req.step_id, ErrorCode.INVALID_ARGUMENT,
                                str(exc)))
                 except Exception as exc:  # an engine failure: answer it, keep serving
                     log.exception("step %d failed at launch", req.step_id)
-                    order.put(("error", req.step_id, common_pb2.ERROR_CODE_INTERNAL,
+                    order.put(("error", req.step_id, ErrorCode.INTERNAL,
                                f"{type(exc).__name__}: {exc}"))
         except grpc.RpcError:
             pass  # the client cancelled the stream
@@ -155,7 +156,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 step_ended(span, None)
             log.exception("step %d failed", item[1])
             m["errors"].inc()
-            return error_response(item[1], common_pb2.ERROR_CODE_INTERNAL,
+            return error_response(item[1], ErrorCode.INTERNAL,
                                   f"{type(exc).__name__}: {exc}")
         m["steps"].inc()
         m["tokens"].inc(len(out.token_ids))

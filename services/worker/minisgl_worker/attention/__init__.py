@@ -70,6 +70,7 @@ class HybridBackend(AttentionBackend):
     def __init__(self, prefill: AttentionBackend, decode: AttentionBackend) -> None:
         super().__init__(prefill.config, prefill.pool)
         self.prefill, self.decode = prefill, decode
+        # A ClassVar elsewhere; the composite backend takes its decode half's answer per instance.
         self.supports_cuda_graph = decode.supports_cuda_graph  # type: ignore[misc]
         self._active: AttentionBackend = prefill
 

@@ -98,8 +98,8 @@ class FlashInferBackend(AttentionBackend):
             raise BackendUnavailable(f"attention backend {cls.name!r} needs a CUDA device")
         _import_flashinfer()
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         c = self.config
         self._check_config()
         fi = self._fi = _import_flashinfer()

@@ -9,6 +9,7 @@ not a GPU serving kernel.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +28,8 @@ class _ReqView:
 class TorchBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._batch: ForwardBatch | None = None
         self._reqs: list[_ReqView] = []
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -58,8 +59,8 @@ class TritonBackend(AttentionBackend):
         except ImportError as exc:
             raise BackendUnavailable(f"the triton attention backend needs triton ({exc})") from exc
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         from ..triton_kernels import paged_decode, paged_extend, store_kv
 
         self._decode, self._extend, self._store = paged_decode, paged_extend, store_kv

@@ -41,7 +41,7 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    def forward(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """[N, H] -> logits [N, vocab] (the full vocabulary on every rank): fp32, or with
         fp32=False in the activation dtype, for the sampler, which upcasts only where it must
         (at a large decode batch the fp32 copy alone is a full extra pass over the logits). The

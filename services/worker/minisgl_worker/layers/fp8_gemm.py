@@ -35,6 +35,7 @@ Config = tuple[int, int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, warps
 def config_for(m: int) -> Config | None:
     for max_rows, *cfg in CONFIGS:
         if m <= max_rows:
+            # Every CONFIGS row has six ints after max_rows; tuple() loses the length.
             return tuple(cfg)  # type: ignore[return-value]
     return None
 
@@ -86,6 +87,7 @@ def fp8_gemm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tenso
     """a [M, K] fp8, b [N, K] fp8, sa [M, 1], sb [N, 1] fp32 -> [M, N] out_dtype."""
     m, k = a.shape
     n = b.shape[0]
+    # fp8_gemm is only called for shapes that `usable` accepted, so a config exists.
     block_m, block_n, block_k, warps, stages, acc_mode = config or config_for(m)  # type: ignore[misc]
     c = torch.empty(m, n, dtype=out_dtype, device=a.device)
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)

@@ -36,6 +36,9 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
 
 
 class RotaryEmbedding(nn.Module):
+    cos: torch.Tensor  # buffers (register_buffer), typed for readers
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, theta: float,
                  scaling: dict[str, Any] | None = None) -> None:
         super().__init__()

@@ -48,6 +48,7 @@ def default_loader(param: torch.nn.Parameter, src: WeightSource, shard_id: Any =
 def set_loader(param: torch.nn.Parameter, loader: Loader,
                num_shards: int = 1) -> torch.nn.Parameter:
     """`num_shards`: how many checkpoint tensors (distinct shard ids) fill this parameter."""
+    # Attributes of our own on torch's Parameter, read by the loader.
     param.weight_loader = loader  # type: ignore[attr-defined]
     param.num_shards = num_shards  # type: ignore[attr-defined]
     return param

@@ -153,7 +153,9 @@ def _default_stages(device: torch.device, row_bytes: int) -> int:
     room to spare (Hopper, Ampere A100), else 2."""
     if device.type != "cuda":
         return 2
-    smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    props = torch.cuda.get_device_properties(device)
+    # torch's stubs miss this attribute of the CUDA device properties.
+    smem = props.shared_memory_per_block_optin  # type: ignore[attr-defined]
     return 3 if 3 * 2 * _BLOCK_N * row_bytes <= smem * 3 // 4 else 2
 
 

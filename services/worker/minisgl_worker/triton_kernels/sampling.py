@@ -129,9 +129,10 @@ def gumbel_partials(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tenso
     part_val = torch.empty(batch, num_chunks, dtype=torch.float32, device=x.device)
     part_idx = torch.empty(batch, num_chunks, dtype=torch.int64, device=x.device)
     has_temp = temps is not None
+    temp_stride = temps.stride(0) if temps is not None else 0
     _gumbel_argmax_kernel[(batch, num_chunks)](
         x, seeds, positions, temps if has_temp else part_val,
         tok_hash if tok_hash is not None else part_val, part_val, part_idx, vocab,
-        x.stride(0), seeds.stride(0), temps.stride(0) if has_temp else 0, chunk, num_chunks,
+        x.stride(0), seeds.stride(0), temp_stride, chunk, num_chunks,
         HAS_TEMP=has_temp, TOK_TABLE=tok_hash is not None, BLOCK=block, num_warps=4)
     return part_val, part_idx

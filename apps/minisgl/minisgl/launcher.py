@@ -25,7 +25,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from minisgl_core.config import DEFAULT_PORTS, env_default
 from minisgl_core.logging import log_fields
@@ -326,5 +326,5 @@ class Stack:
         self.stop()
 
 
-def start_stack(model_path: str, **kwargs: object) -> Stack:
-    return Stack(StackConfig(model_path=model_path, **kwargs)).start()  # type: ignore[arg-type]
+def start_stack(model_path: str, **kwargs: Any) -> Stack:
+    return Stack(StackConfig(model_path=model_path, **kwargs)).start()
