@@ -51,7 +51,9 @@ def grammar_from_proto(g: common_pb2.Grammar) -> GrammarSpec | None:
 def grammar_to_proto(spec: GrammarSpec) -> common_pb2.Grammar:
     if spec.kind == "json_object":
         return common_pb2.Grammar(json_object=True)
-    return common_pb2.Grammar(**{spec.kind: spec.spec})
+    g = common_pb2.Grammar()
+    setattr(g, spec.kind, spec.spec)  # json_schema, regex or lark: a string field of that name
+    return g
 
 
 def sampling_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:

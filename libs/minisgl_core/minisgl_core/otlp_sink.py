@@ -75,7 +75,9 @@ class OtlpSink:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, keep: bool = True) -> None:
         self._receiver = _Receiver(keep)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self._receiver, self._server)
+        # The generated grpc module is unannotated.
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            self._receiver, self._server)
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         self.endpoint = f"http://{host}:{self.port}"
 

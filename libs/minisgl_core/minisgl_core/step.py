@@ -95,7 +95,6 @@ class StepPlan:
     step_id: int
     reqs: list[ReqPlan] = field(default_factory=list)  # prefill chunks, after the decodes
     decodes: DecodeEntries = field(default_factory=DecodeEntries)
-    reqs: list[ReqPlan] = field(default_factory=list)
     # Traceparents of the traced prefill chunks in this step (usually none): the worker's span.
     traceparents: list[str] = field(default_factory=list)
 

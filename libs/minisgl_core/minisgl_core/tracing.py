@@ -20,7 +20,7 @@ import atexit
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from opentelemetry import context as otel_context
@@ -103,7 +103,7 @@ def shutdown() -> None:
 
 def tracer() -> trace.Tracer:
     """The tracer once `setup` turned tracing on (call only when ENABLED)."""
-    return _TRACER
+    return cast("trace.Tracer", _TRACER)
 
 
 # -- W3C trace context -------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def context_from(traceparent: str) -> otel_context.Context | None:
     ctx = _PROPAGATOR.extract({"traceparent": traceparent})
     if not trace.get_current_span(ctx).get_span_context().is_valid:
         return None
-    return ctx
+    return cast("otel_context.Context", ctx)
 
 
 def context_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None
@@ -169,6 +169,6 @@ def start_span(name: str, parent: str | otel_context.Context | None,
         lctx = context_from(tp)
         if lctx is not None:
             link_objs.append(Link(trace.get_current_span(lctx).get_span_context()))
-    return _TRACER.start_span(name, context=ctx, kind=kind or SpanKind.INTERNAL,
-                              attributes=attributes,
-                              start_time=start_time, links=link_objs)
+    return cast("Span", _TRACER.start_span(name, context=ctx, kind=kind or SpanKind.INTERNAL,
+                                           attributes=attributes, start_time=start_time,
+                                           links=link_objs))

@@ -224,8 +224,8 @@ class ToolCallSplitter:
 
     def _close(self, body: str) -> list[ToolDelta] | None:
         """The call's body is complete: its remaining deltas (None: not a call)."""
-        head_delta = []
-        if self._head is None and self._open(body):
+        head_delta: list[ToolDelta] = []
+        if self._head is None and self._open(body) and self._head is not None:
             head_delta = [self._head]
         head, self._head = self._head, None
         if head is not None:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import grpc
@@ -195,7 +196,9 @@ class Detokenizing:
                  delta: detokenizer_pb2.TextDelta, finish: int) -> None:
         # The event holds the update's repeated fields as they are (no copies): nothing
         # downstream changes them, and most streams never read logprobs at all.
-        tokens, logprobs, tops = update.token_ids, update.logprobs, update.top_logprobs
+        tokens: Seq[int] = update.token_ids
+        logprobs: Seq[float] = update.logprobs
+        tops: Seq[common_pb2.TopLogprobs] = update.top_logprobs
         if delta.stopped:
             keep = max(0, delta.num_tokens - seq.num_tokens)
             tokens, logprobs, tops = tokens[:keep], logprobs[:keep], tops[:keep]

@@ -36,8 +36,9 @@ async def serving(health: health_pb2_grpc.HealthStub) -> bool:
     waiting for its worker, a service draining) would take the stream and end it at once, over
     and over. Waits up to a second for the channel to connect."""
     try:
-        reply = await health.Check(health_pb2.HealthCheckRequest(), wait_for_ready=True,
-                                   timeout=1.0)
+        # The grpc_health stubs declare HealthStub without its methods.
+        reply = await health.Check(  # type: ignore[attr-defined]
+            health_pb2.HealthCheckRequest(), wait_for_ready=True, timeout=1.0)
     except grpc.aio.AioRpcError as exc:
         # No health service there (UNIMPLEMENTED): the stream itself will tell.
         return exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

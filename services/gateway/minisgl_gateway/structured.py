@@ -149,7 +149,7 @@ def tool_grammar(tools: list[Any], only: str | None, parallel: bool,
     variants = [{"type": "object", "properties": {"name": {"const": name}, args_key: params},
                  "required": ["name", args_key], "additionalProperties": False}
                 for name, params in fns]
-    call = {"anyOf": variants} if len(variants) > 1 else variants[0]
+    call: dict[str, object] = {"anyOf": variants} if len(variants) > 1 else variants[0]
     call["x-guidance"] = _JSON_OPTIONS
     body = "%json " + json.dumps(call)
     if syntax == "mistral":

@@ -192,7 +192,8 @@ class RadixCache:
         return out
 
     def _tell_removed(self, listener: CacheListener, node: Node, keep: int) -> None:
-        chunks, up = [], node
+        chunks: list[list[int]] = []
+        up: Node | None = node
         while up is not None and up is not self.root:
             chunks.append(up.tokens)
             up = up.parent

@@ -35,6 +35,7 @@ from .grammar_mask import apply_bitmask
 
 if TYPE_CHECKING:  # imported when first needed: a worker without llguidance serves the rest
     import llguidance
+    from llguidance._lib import JsonCompileOptions
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def grammar_text(spec: GrammarSpec) -> str:
     import llguidance
 
     # Fixed separators (", " and ": "), no free whitespace: a weak model cannot loop on blanks.
-    options = {"whitespace_flexible": False}
+    options: JsonCompileOptions = {"whitespace_flexible": False}
     if spec.kind == "json_schema":
         return llguidance.LLMatcher.grammar_from_json_schema(spec.spec, overrides=options)
     if spec.kind == "json_object":
