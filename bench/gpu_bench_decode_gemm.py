@@ -34,11 +34,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from gpu_timing import graph_replay_ms  # noqa: E402
-from minisgl_worker.layers import fused_ops  # noqa: E402
-from minisgl_worker.triton_kernels import pdl  # noqa: E402
-from minisgl_worker.triton_kernels.pdl import begin as _pdl_begin  # noqa: E402
-from minisgl_worker.triton_kernels.pdl import release as _pdl_release  # noqa: E402
-from minisgl_worker.triton_kernels.pdl import wait as _pdl_wait  # noqa: E402
+from minisgl_worker.kernels import fused_ops, pdl  # noqa: E402
+from minisgl_worker.kernels.pdl import begin as _pdl_begin  # noqa: E402
+from minisgl_worker.kernels.pdl import release as _pdl_release  # noqa: E402
+from minisgl_worker.kernels.pdl import wait as _pdl_wait  # noqa: E402
 
 # name -> (hidden, intermediate, q heads, kv heads, head_dim, layers)
 MODELS = {"qwen3-0.6b": (1024, 3072, 16, 8, 128, 28), "qwen3-8b": (4096, 12288, 32, 8, 128, 36)}

@@ -41,9 +41,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services" / "worker"))
 
-from minisgl_worker.layers import fused_kernels, fused_ops  # noqa: E402
+from minisgl_worker.kernels import fused_kernels, fused_ops  # noqa: E402
+from minisgl_worker.kernels.store_kv import store_kv  # noqa: E402
 from minisgl_worker.layers.rotary import RotaryEmbedding  # noqa: E402
-from minisgl_worker.triton_kernels.store_kv import store_kv  # noqa: E402
 
 MODELS = {"qwen3-0.6b": (16, 8), "qwen3-8b": (32, 8)}  # (q heads, kv heads), head_dim 128
 D, LAYERS, EPS, MAX_POS, THETA = 128, 28, 1e-6, 40960, 1e6

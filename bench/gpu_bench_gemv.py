@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "services" / "worker"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_timing import graph_replay_ms  # noqa: E402
-from minisgl_worker.layers import fused_ops  # noqa: E402
+from minisgl_worker.kernels import fused_ops  # noqa: E402
 
 # name -> (hidden, intermediate, q heads, kv heads, head_dim, vocab)
 MODELS = {"qwen3-8b": (4096, 12288, 32, 8, 128, 151936),

@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "services" / "worker"))
 sys.path.insert(0, str(ROOT / "libs" / "minisgl_core"))
 
 from minisgl_core.sampling import SamplingParams  # noqa: E402
-from minisgl_worker.sampler import Sampler  # noqa: E402
-from minisgl_worker.triton_kernels import sampling as kern  # noqa: E402
+from minisgl_worker.engine.sampler import Sampler  # noqa: E402
+from minisgl_worker.kernels import sampling as kern  # noqa: E402
 
 VOCAB = 151_936
 TEMPS = [0.6, 0.7, 0.1, 0.33, 1.3, 2.9]

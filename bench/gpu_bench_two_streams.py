@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "services" / "worker"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_timing import graph_replay_ms  # noqa: E402
-from minisgl_worker.layers import fused_ops  # noqa: E402
-from minisgl_worker.triton_kernels.paged_decode import (  # noqa: E402
+from minisgl_worker.kernels import fused_ops  # noqa: E402
+from minisgl_worker.kernels.paged_decode import (  # noqa: E402
     choose_num_splits,
     paged_decode,
 )

@@ -34,7 +34,8 @@ for sub in ("services/worker", "libs/minisgl_core", "tests", "bench"):
 import gpu_check_models  # noqa: E402
 from gpu_bench_fused_ops import graph_us  # noqa: E402
 from gpu_check_models import check_backend  # noqa: E402
-from minisgl_worker.layers import fp8, fused_ops  # noqa: E402
+from minisgl_worker.kernels import fused_ops  # noqa: E402
+from minisgl_worker.layers import fp8  # noqa: E402
 
 ROWS = (1, 7, 16, 100, 256, 1024, 4096)
 
@@ -160,7 +161,7 @@ def sweep_candidates(m: int) -> list[tuple[int, ...]]:
 def sweep(model: str) -> None:
     """Time every candidate launch shape of the Triton GEMM for each decode batch size over the
     model's four projections (a layer's GEMM time), against torch._scaled_mm."""
-    from minisgl_worker.layers import fp8_gemm
+    from minisgl_worker.kernels import fp8_gemm
 
     projs = shapes(model)
     weights = {}

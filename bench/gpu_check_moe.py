@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "services" / "worker"))
 
-from minisgl_worker.fused_moe import (  # noqa: E402
+from minisgl_worker.kernels.fused_moe import (  # noqa: E402
     GemmTile,
     MoeConfig,
     choose_config,

@@ -25,7 +25,7 @@ for sub in ("services/worker", "libs/minisgl_core"):
     sys.path.insert(0, str(ROOT / sub))
 
 from gpu_check_attention import time_ms  # noqa: E402  (bench/ is sys.path[0] when run)
-from minisgl_worker.triton_kernels import paged_decode as pd  # noqa: E402
+from minisgl_worker.kernels import paged_decode as pd  # noqa: E402
 
 DEV = torch.device("cuda")
 

@@ -13,9 +13,9 @@ from minisgl_worker.attention import (
     describe,
 )
 from minisgl_worker.attention.base import AttentionConfig, ForwardBatch
+from minisgl_worker.attention.kv_pool import KVPool
 from minisgl_worker.attention.torch_backend import TorchBackend
 from minisgl_worker.engine import Engine, EngineConfig
-from minisgl_worker.kv_pool import KVPool
 
 from .driver import run_requests
 from .test_engine import PROMPTS

@@ -18,7 +18,8 @@ import torch  # noqa: E402
 from minisgl_core.step import ReqPlan, StepPlan  # noqa: E402
 from minisgl_worker.__main__ import build_parser, config_from_args  # noqa: E402
 from minisgl_worker.engine import Engine, EngineConfig  # noqa: E402
-from minisgl_worker.layers import fp8, fused_kernels, fused_ops  # noqa: E402
+from minisgl_worker.kernels import fused_kernels, fused_ops  # noqa: E402
+from minisgl_worker.layers import fp8  # noqa: E402
 from minisgl_worker.layers.linear import (  # noqa: E402
     ColumnParallelLinear,
     ReplicatedLinear,
@@ -207,7 +208,7 @@ def test_model_logits_close_to_unquantized(tiny_model, arch: str, layers_quantiz
 def test_triton_gemm_equals_reference(m: int, n: int, k: int) -> None:
     """The decode-batch fp8 GEMM (layers/fp8_gemm.py) under the interpreter: the reference
     formula, with edges of M and N masked (K is whole BLOCK_K slices by contract)."""
-    from minisgl_worker.layers import fp8_gemm
+    from minisgl_worker.kernels import fp8_gemm
 
     if type(fp8_gemm._fp8_gemm_kernel).__name__ != "InterpretedFunction":
         importlib.reload(fp8_gemm)

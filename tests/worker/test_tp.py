@@ -60,7 +60,7 @@ def test_close_releases_graphs_before_leaving_the_tp_group(tiny_model, monkeypat
     graphs, so a recorder stands in for the runner; the follower is a real process that must
     leave with status 0, before this rank leaves the group (it hosts the group's store, whose
     early close made the followers' NCCL heartbeat print stack traces)."""
-    from minisgl_worker import tp_workers
+    from minisgl_worker.distributed import tp_group as tp_workers
 
     order: list[str] = []
     real_destroy = tp_workers.dist.destroy_tp

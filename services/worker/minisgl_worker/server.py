@@ -30,8 +30,8 @@ from minisgl_core.proto.minisgl.v1 import common_pb2, worker_pb2, worker_pb2_grp
 from minisgl_core.sampling import InvalidParams
 from minisgl_core.step import StepExecutor
 
-from .batch import InvalidPlan
 from .convert import error_response
+from .engine.batch import InvalidPlan
 
 log = logging.getLogger(__name__)
 _END = object()

@@ -14,8 +14,8 @@ import os
 
 import torch
 
-from ..kv_pool import KVPool
 from .base import AttentionBackend, AttentionConfig, BackendUnavailable, ForwardBatch
+from .kv_pool import KVPool
 
 # name -> (module under this package, class, needs a CUDA device)
 _REGISTRY: dict[str, tuple[str, str, bool]] = {

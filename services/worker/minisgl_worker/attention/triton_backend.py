@@ -1,4 +1,4 @@
-"""Attention with the worker's own Triton kernels (triton_kernels/): split-K paged decode for
+"""Attention with the worker's own Triton kernels (kernels/): split-K paged decode for
 decode-only steps, the paged extend kernel for everything else, and a Triton KV store.
 
 Runs on CUDA, or on CPU tensors under TRITON_INTERPRET=1 (tests). Decode steps can run inside a
@@ -60,7 +60,7 @@ class TritonBackend(AttentionBackend):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        from ..triton_kernels import paged_decode, paged_extend, store_kv
+        from ..kernels import paged_decode, paged_extend, store_kv
 
         self._decode, self._extend, self._store = paged_decode, paged_extend, store_kv
         self._meta: _StepMeta | None = None

@@ -8,7 +8,7 @@ from torch import nn
 
 from ..attention.base import AttentionBackend
 from ..distributed import shard
-from . import fused_ops
+from ..kernels import fused_ops
 from .fp8 import Fp8Rows
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .norm import RMSNorm

@@ -11,14 +11,14 @@ The product, per row m of x and row n of W, is
     y[m, n] = (sum_k qx[m, k] * qw[n, k]) * sx[m] * sw[n]
 with qx/sx the activation row quantized on the fly (dynamic, one scale a row: s = max|x| / 448,
 q = x / s saturated). On GPUs with fp8 tensor cores (compute capability 8.9+, bf16 activations)
-our Triton GEMM computes it for decode-sized batches (layers/fp8_gemm.py) and torch._scaled_mm
+our Triton GEMM computes it for decode-sized batches (kernels/fp8_gemm.py) and torch._scaled_mm
 with row-wise scales for larger ones (MINISGL_FP8_GEMM=scaled_mm: for all). A one-row step
 (batch-1 decode) keeps its activation in bf16 and reads the fp8 weights in our GEMV kernel
 (fused_ops.gemv). Elsewhere (CPU, fp32 models, older GPUs) the same formula runs in fp32 torch:
 the reference the GPU path is checked against (bench/gpu_check_fp8.py) and what CPU tests run;
 a GPU without fp8 tensor cores or a non-bf16 model is refused at start-up (check_supported).
 
-MoE experts are fp8 too, with the same formula inside the grouped expert GEMMs (fused_moe.py).
+MoE experts are fp8 too, with the same formula inside the grouped expert GEMMs (kernels/fused_moe.py).
 A norm whose only consumer is an fp8 projection (qkv, a dense MLP's gate_up) quantizes its
 output itself (fused_ops.rmsnorm_quant_fp8, handing over Fp8Rows). Left in the activation
 dtype: embeddings, the LM head, norms and the MoE router.
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..config import QUANTIZATIONS
-from . import fused_ops
+from ..kernels import fused_ops
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -130,7 +130,7 @@ def _fp8_product(qx: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: t
                  dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
     """The GPU product of quantized rows: our Triton GEMM for decode-sized batches,
     torch._scaled_mm (cuBLASLt, row-wise scales) above."""
-    from . import fp8_gemm  # imports triton
+    from ..kernels import fp8_gemm  # imports triton
 
     config = fp8_gemm.config_for(qx.shape[0])
     if not _ONLY_SCALED_MM and fp8_gemm.usable(qx, w, config):

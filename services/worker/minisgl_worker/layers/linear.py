@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..distributed import all_reduce, shard, tp
-from . import fused_ops
+from ..kernels import fused_ops
 from .fp8 import Fp8Linear, Fp8Rows
 from .weights import WeightSource, check_shape, default_loader, new_param, read, set_loader, src_shape
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused_ops
+from ..kernels import fused_ops
 from .fp8 import Fp8Rows
 from .linear import ColumnParallelLinear, RowParallelLinear
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import fused_ops
+from ..kernels import fused_ops
 from .fp8 import Fp8Rows
 from .weights import default_loader, new_param, set_loader
 

@@ -98,7 +98,7 @@ def gumbel_argmax_triton(x: torch.Tensor, seeds: torch.Tensor, positions: torch.
     """Same result as `gumbel_argmax_torch` with row_keys(seeds, positions) (up to the float
     rounding of log on exact near-ties) in one fused pass; CUDA tensors, or CPU tensors under
     TRITON_INTERPRET=1."""
-    from .triton_kernels import sampling as kern
+    from ..kernels import sampling as kern
 
     return kern.gumbel_argmax(x, seeds, positions, num_chunks, temps=temps)
 

@@ -1,6 +1,6 @@
 """Fused Gumbel-max draw: hash noise + argmax in one pass over the logits.
 
-Bit-for-bit the hash of `sampling_kernels` (which is the reference), in uint32 lanes. Each program
+Bit-for-bit the hash of `engine.sampling_ops` (which is the reference), in uint32 lanes. Each program
 scans one chunk of one row and leaves its best (value, index); a tiny torch reduce picks the chunk.
 Ties resolve to the lowest index everywhere, like torch.argmax.
 
@@ -32,7 +32,7 @@ def _hash32(x):
 
 @triton.jit
 def _row_key(seed, position):
-    """`sampling_kernels.row_keys` for one row (seed < 2**63 and position >= 0, int64)."""
+    """`engine.sampling_ops.row_keys` for one row (seed < 2**63 and position >= 0, int64)."""
     k = _hash32((seed & 0xFFFFFFFF).to(tl.uint32) ^ 0x9E3779B9)
     k = _hash32(k ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
     return _hash32(k ^ (position & 0xFFFFFFFF).to(tl.uint32))
@@ -90,8 +90,8 @@ def default_num_chunks(batch: int, vocab: int, block: int = _BLOCK) -> int:
 
 
 def token_hash_table(vocab: int, device: torch.device) -> torch.Tensor:
-    """`sampling_kernels.token_hashes` as int32 bit patterns, for `tok_hash=`."""
-    from ..sampling_kernels import token_hashes
+    """`engine.sampling_ops.token_hashes` as int32 bit patterns, for `tok_hash=`."""
+    from ..engine.sampling_ops import token_hashes
 
     h = token_hashes(vocab, device)
     return (h - ((h >> 31) << 32)).to(torch.int32)

@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_kernels import pdl
-from ..triton_kernels.pdl import begin as _pdl_begin
+from . import pdl
+from .pdl import begin as _pdl_begin
 
 # (max rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, ACC_MODE), from a sweep on an
 # H100 (bench/gpu_check_fp8.py --sweep, Qwen3-8B shapes; the four projections of a layer):

@@ -9,7 +9,7 @@ without waiting for the device; `collect` waits for the oldest step's event. So 
 launched (and queued on the GPU) before step N's tokens are read: overlap scheduling.
 
 With tensor parallelism this object is rank 0: it validates each plan, broadcasts it, and every
-rank runs the same step (see tp_workers.py for the other ranks).
+rank runs the same step (see distributed/tp_group.py for the other ranks).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from pathlib import Path
 import torch
 from minisgl_core.step import StepExecutor, StepOutput, StepPlan, TopLogprobs, WorkerInfo
 
-from . import distributed as dist
-from .attention import AttentionConfig, backend_class, create_backend, describe, resolve_name
+from .. import distributed as dist
+from ..attention import AttentionConfig, backend_class, create_backend, describe, resolve_name
+from ..attention.kv_pool import KVPool
+from ..config import EngineConfig
+from ..layers.fp8 import check_supported as check_quantization
+from ..loader import load_model
+from ..model_config import ModelConfig
 from .batch import DeviceStep, InvalidPlan, PlanBuilder
-from .config import EngineConfig
-from .kv_pool import KVPool
-from .layers.fp8 import check_supported as check_quantization
-from .loader import load_model
-from .model_config import ModelConfig
 from .sampler import Sampler
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Engine(StepExecutor):
         check_quantization(config.quantization, self.device, self.dtype)  # before any spawning
         self._followers = None
         if config.tp_size > 1:
-            from .tp_workers import init_rank
+            from ..distributed.tp_group import init_rank
 
             self._followers = init_rank(config, self.device)
         for name in (config.attention_backend, config.prefill_attention_backend,
@@ -207,7 +207,7 @@ class Engine(StepExecutor):
         self._closed = True
         self._inflight.clear()
         # Graphs go before the TP group: NCCL does not tear down a communicator that a live
-        # graph captured (the followers do the same before they leave, see tp_workers).
+        # graph captured (the followers do the same before they leave, see distributed/tp_group.py).
         if self.graph_runner is not None:
             self.graph_runner.release()
         # Drop the big tensors now rather than whenever the engine object is collected, so an
@@ -218,7 +218,7 @@ class Engine(StepExecutor):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         if self._followers is not None:
-            from .tp_workers import stop_followers
+            from ..distributed.tp_group import stop_followers
 
             stop_followers(self._followers)
             self._followers = None

@@ -35,8 +35,8 @@ def _k() -> ModuleType:
 
 
 def _pdl(x: torch.Tensor) -> dict[str, bool]:
-    """Launch keywords for programmatic dependent launch (triton_kernels/pdl.py)."""
-    from ..triton_kernels import pdl
+    """Launch keywords for programmatic dependent launch (kernels/pdl.py)."""
+    from . import pdl
 
     return pdl.options(x)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .layers.fp8 import FP8, quantize_rows, reference_product
+from ..layers.fp8 import FP8, quantize_rows, reference_product
 
 # Up to this many (token, k) pairs one program does all of the alignment (one launch instead of
 # four); beyond, per-program work grows with the pairs and the many-program path wins.
@@ -306,7 +306,7 @@ def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 rows, fp32 scale [M]): the Triton kernel on CUDA, the torch formula elsewhere
     (the interpreter's fp32 -> fp8 cast does not round to nearest)."""
     if x.is_cuda:
-        from .layers import fused_ops
+        from . import fused_ops
 
         q, scale = fused_ops.quantize_rows_fp8(x)
     else:

@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from .attention.base import AttentionBackend, ForwardBatch
-from .kv_pool import KVPool
+from ..attention.base import AttentionBackend, ForwardBatch
+from ..attention.kv_pool import KVPool
 
 log = logging.getLogger(__name__)
 

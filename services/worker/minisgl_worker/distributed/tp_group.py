@@ -2,7 +2,7 @@
 
 Rank 0 is the `Engine` the scheduler drives. Unless `dist_init_method` is given (ranks started by
 hand, e.g. on several hosts), rank 0 starts ranks 1..N-1 on this host as fresh interpreters
-(`python -m minisgl_worker.tp_workers CONFIG_JSON`: unlike multiprocessing's spawn, this never
+(`python -m minisgl_worker.distributed.tp_group CONFIG_JSON`: unlike multiprocessing's spawn, this never
 re-imports the caller's main script). Those build the same Engine for their rank and loop:
 receive a plan broadcast by rank 0, run it, wait for it, repeat; a `None` plan means shut down.
 """
@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 import torch
 from minisgl_core.gc_pause import freeze_startup_objects, thaw
 
-from . import distributed as dist
-from .config import EngineConfig
+from ..config import EngineConfig
+from . import process_group as dist
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def init_rank(config: EngineConfig, device: torch.device) -> Followers | None:
         procs: list[subprocess.Popen] = []
         for rank in range(1, config.tp_size):
             cfg = replace(config, tp_rank=rank, dist_init_method=init, device=str(device.type))
-            cmd = [sys.executable, "-m", "minisgl_worker.tp_workers",
+            cmd = [sys.executable, "-m", "minisgl_worker.distributed.tp_group",
                    json.dumps(dataclasses.asdict(cfg)), str(logging.getLogger().level)]
             procs.append(subprocess.Popen(cmd))
         followers = Followers(procs)
@@ -59,7 +59,7 @@ def init_rank(config: EngineConfig, device: torch.device) -> Followers | None:
 def follower_main(config: EngineConfig, log_level: int = logging.INFO) -> None:
     logging.basicConfig(level=log_level, format=f"%(asctime)s tp{config.tp_rank} %(name)s "
                                                 "%(levelname)s %(message)s")
-    from .engine import Engine
+    from ..engine import Engine
 
     engine = Engine(config)
     freeze_startup_objects()  # as rank 0's ServiceHost does: a pause here stalls every rank
