@@ -31,7 +31,7 @@ class EngineConfig:
     load_format: str = "auto"  # auto | safetensors | dummy (random weights from config.json)
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
     kv_cache_dtype: str = "auto"  # auto: as dtype | fp8_e4m3 | fp8_e5m2
-    quantization: str = "none"  # none | fp8: projections and experts as fp8 rows (layers/fp8.py)
+    quantization: str = "none"  # none | fp8: projections and experts as fp8 rows (fp8.py)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # None: 64 on a GPU (the Triton decode kernel then reads a whole page per 64-token block:
     # +5 % offline throughput with an fp8 cache, docs/benchmarks.md), 16 on CPU

@@ -10,11 +10,11 @@ Eager decode uses the same split count as the graph of its batch size, so the tw
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from .. import env
 from .base import AttentionBackend, BackendUnavailable, ForwardBatch
 
 
@@ -49,7 +49,7 @@ class TritonBackend(AttentionBackend):
 
     @classmethod
     def check_available(cls, device: torch.device) -> None:
-        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        interpreted = env.SETTINGS.triton_interpret
         if device.type != "cuda" and not interpreted:
             raise BackendUnavailable("the triton attention backend needs a CUDA device "
                                      "(or TRITON_INTERPRET=1 for CPU tests)")

@@ -28,7 +28,7 @@ from .. import distributed as dist
 from ..attention import AttentionConfig, backend_class, create_backend, describe, resolve_name
 from ..attention.kv_pool import KVPool
 from ..config import EngineConfig
-from ..layers.fp8 import check_supported as check_quantization
+from ..fp8 import check_supported as check_quantization
 from ..loader import load_model
 from ..model_config import ModelConfig
 from .batch import DeviceStep, InvalidPlan, PlanBuilder

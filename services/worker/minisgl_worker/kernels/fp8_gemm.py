@@ -1,4 +1,5 @@
-"""An fp8 GEMM with row-wise scales for decode-sized batches (Triton), used by layers/fp8.py.
+"""An fp8 GEMM with row-wise scales for decode-sized batches (Triton), used by
+layers/fp8_linear.py.
 
 torch._scaled_mm's row-wise kernel reads the weights of a 16-64-row product at ~1.6-1.8 TB/s on
 an H100 (bench/gpu_check_fp8.py). Such a product is memory-bound, so this kernel tiles for
