@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "services" / "worker"))
 sys.path.insert(0, str(ROOT / "libs" / "minisgl_core"))
 
 from minisgl_core.sampling import SamplingParams  # noqa: E402
+from minisgl_worker.engine import sampling_ops  # noqa: E402
 from minisgl_worker.engine.sampler import Sampler  # noqa: E402
 from minisgl_worker.kernels import sampling as kern  # noqa: E402
 
@@ -193,7 +194,7 @@ def bench_case(batch: int, kind: str, timer: Timer, iters: int) -> dict:
     old_us, new_us = timer(old, iters), timer(new, iters)
     table_us = None
     if kind != "greedy":  # the variant with the per-token hashes from a table
-        table = kern.token_hash_table(VOCAB, torch.device("cuda"))
+        table = sampling_ops.token_hash_table(VOCAB, torch.device("cuda"))
 
         def new_table() -> torch.Tensor:
             return kern.gumbel_argmax(logits, seeds, positions, temps=temps, tok_hash=table)
@@ -217,7 +218,7 @@ def bench_case(batch: int, kind: str, timer: Timer, iters: int) -> dict:
 def sweep(batch: int, timer: Timer, iters: int) -> list[dict]:
     logits, temps, seeds, positions = make_case(batch, "temperature")
     want = kern.gumbel_argmax(logits, seeds, positions, temps=temps)
-    table = kern.token_hash_table(VOCAB, torch.device("cuda"))
+    table = sampling_ops.token_hash_table(VOCAB, torch.device("cuda"))
     out = []
     for block, chunks, tok in itertools.product((512, 1024, 2048), (1, 2, 4, 8, 16, 32, 64, 128),
                                                 (None, table)):

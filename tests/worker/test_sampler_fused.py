@@ -67,7 +67,7 @@ def test_fused_draw_equals_old_path(dtype: torch.dtype, seed: int):
     for chunks in (1, 3):
         got = tsampling.gumbel_argmax(logits, seeds, positions, chunks, temps=temps)
         assert got.tolist() == want_triton.tolist()
-    table = tsampling.token_hash_table(VOCAB, CPU)  # the table variant: the same bits
+    table = ops.token_hash_table(VOCAB, CPU)  # the table variant: the same bits
     got = tsampling.gumbel_argmax(logits, seeds, positions, 2, temps=temps, tok_hash=table)
     assert got.tolist() == want_triton.tolist()
     got = ops.gumbel_argmax_torch(logits, ops.row_keys(seeds, positions),
@@ -91,7 +91,7 @@ def test_fused_scores_equal_old_kernel(dtype: torch.dtype):
     new_val, new_idx = tsampling.gumbel_partials(logits, seeds, positions, 20, temps, block=128)
     assert torch.equal(new_val[sampled], old_val[sampled])
     assert torch.equal(new_idx[sampled], old_idx[sampled])
-    table = tsampling.token_hash_table(VOCAB, CPU)
+    table = ops.token_hash_table(VOCAB, CPU)
     tab_val, _ = tsampling.gumbel_partials(logits, seeds, positions, 20, temps, 128, table)
     assert torch.equal(tab_val, new_val)
     greedy = torch.full((int((~sampled).sum()), 20 * 128), -math.inf)  # chunks of 128

@@ -56,6 +56,12 @@ def token_hashes(vocab_size: int, device: torch.device) -> torch.Tensor:
     return hash32(torch.arange(vocab_size, dtype=torch.int64, device=device) ^ _TOKEN_SALT)
 
 
+def token_hash_table(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """`token_hashes` as int32 bit patterns: the Triton draw's `tok_hash=` table."""
+    h = token_hashes(vocab_size, device)
+    return (h - ((h >> 31) << 32)).to(torch.int32)
+
+
 def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
     """The top 24 of 32 hash bits as a float32 in (0, 1); every step is exact in float32."""
     return ((bits >> 8).to(torch.float32) + 0.5) * (2.0**-24)
