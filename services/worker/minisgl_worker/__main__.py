@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging("worker", ns.log_level)
     config = config_from_args(ns)
     if config.tp_rank > 0:
-        from .distributed.tp_group import follower_main
+        from .engine.follower import follower_main
 
         follower_main(config, logging.getLogger().level)
         return

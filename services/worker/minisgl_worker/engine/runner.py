@@ -1,0 +1,255 @@
+"""One TP rank's share of the work: the model, its KV cache, the attention backend, the sampler,
+the decode CUDA graphs, and one step on them.
+
+Per step: the plan becomes a ForwardBatch (host work, two uploads), decode rows take their input
+from the slot's token future (`last_tokens`, written by an earlier step's sampler, on the device),
+the model runs, logits are computed only for the last token of each sampling request (a decode
+CUDA graph computes them for its every row, inside the graph), the sampler
+draws, and the tokens are copied to pinned host memory behind an event. `run_step` does all of
+this without waiting for the device (`Engine.collect` waits for the step's event later: overlap
+scheduling).
+
+Every rank runs one ModelRunner: rank 0 inside the `Engine` (engine.py), ranks 1..N-1 in
+follower.py. The process group is joined before one is built (distributed/tp_group.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import torch
+from minisgl_core.step import StepPlan
+
+from .. import distributed as dist
+from .. import env
+from ..attention import AttentionConfig, backend_class, create_backend, describe, resolve_name
+from ..attention.kv_pool import KVPool
+from ..config import EngineConfig
+from ..fp8 import check_supported as check_quantization
+from ..loader import load_model
+from ..model_config import ModelConfig
+from .batch import DeviceStep, PlanBuilder
+from .sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlight:
+    """A launched step: its sampled tokens land in the host tensors once `done` fires."""
+
+    step_id: int
+    rids: list[int]
+    tokens: torch.Tensor | None  # host (pinned on CUDA) int64 [S]
+    logprobs: torch.Tensor | None
+    top_ids: torch.Tensor | None
+    top_logprobs: torch.Tensor | None
+    want_logprobs: bool
+    done: torch.cuda.Event | None
+    started: float
+    host_ms: float
+
+
+def prepare_rank(config: EngineConfig) -> tuple[EngineConfig, torch.device]:
+    """A rank's start-up before anything is spawned or joined: the switches read, the config
+    with its page size resolved, this rank's device (made current), the quantization checked."""
+    env.reload()
+    device = config.torch_device()
+    config = replace(config, page_size=config.resolved_page_size(device))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    check_quantization(config.quantization, device, config.torch_dtype(device))
+    return config, device
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        """`config` and `device` as prepare_rank returns them; with TP, the group joined."""
+        self.config = config
+        self.device = device
+        self.dtype = config.torch_dtype(self.device)
+        self.kv_dtype = config.torch_kv_dtype(self.device)
+        for name in (config.attention_backend, config.prefill_attention_backend,
+                     config.decode_attention_backend):  # a bad name fails before any loading
+            if name:
+                backend_class(resolve_name(name, self.device), self.device)
+        self.model_config = mc = ModelConfig.load(config.model_path, config.hf_overrides)
+        outside = [t for t in mc.eos_token_ids if not 0 <= t < mc.vocab_size]
+        if outside:  # e.g. a vocab_size override for a small dummy model
+            log.warning("eos token ids %s lie outside the vocabulary; ignored", outside)
+            mc.eos_token_ids = [t for t in mc.eos_token_ids if 0 <= t < mc.vocab_size]
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        if mc.sliding_window and mc.sliding_window < self.max_model_len:
+            log.warning("sliding-window attention is not implemented: capping max_model_len "
+                        "at the window (%d)", mc.sliding_window)
+            self.max_model_len = mc.sliding_window
+        load_format = "safetensors" if config.load_format == "auto" else config.load_format
+        t0 = time.perf_counter()
+        self.model = load_model(config.model_path, mc, load_format, self.max_model_len,
+                                self.device, self.dtype, config.dummy_seed,
+                                config.quantization)
+        log.info("model %s loaded (%s, %s, quantization %s) in %.1fs", mc.architecture,
+                 self.dtype, load_format, config.quantization, time.perf_counter() - t0)
+        tp = config.tp_size
+        heads, kv_heads = dist.shard(mc.num_heads, "heads"), dist.shard(mc.num_kv_heads, "kv heads")
+        self.num_pages = self._size_kv(kv_heads)
+        self.max_pages_per_seq = -(-self.max_model_len // config.page_size)
+        self.pool = KVPool(mc.num_layers, self.num_pages, config.page_size, kv_heads, mc.head_dim,
+                           self.kv_dtype, self.device, config.max_slots, self.max_pages_per_seq)
+        attn_cfg = AttentionConfig(heads, kv_heads, mc.head_dim, mc.head_dim ** -0.5,
+                                   config.page_size, config.max_slots, self.max_pages_per_seq,
+                                   self.max_model_len, self.dtype, self.device,
+                                   kv_dtype=self.kv_dtype)
+        self.backend = create_backend(config.attention_backend, attn_cfg, self.pool,
+                                      config.prefill_attention_backend,
+                                      config.decode_attention_backend)
+        seed = config.sampler_seed
+        if tp > 1:  # ranks must draw alike: the same logits and the same seeds
+            seed = dist.broadcast_object(seed if seed is not None else
+                                         int(torch.randint(0, 2**62, (1,))))
+        self.sampler = Sampler(config.max_slots, mc.vocab_size, self.device,
+                               eos_token_ids=mc.eos_token_ids, seed=seed)
+        self.builder = PlanBuilder(config.max_slots, self.max_pages_per_seq, self.num_pages,
+                                   config.page_size, self.max_model_len, mc.vocab_size,
+                                   self.device, dummy_page=self.pool.dummy_page)
+        self.last_tokens = torch.zeros(config.max_slots, dtype=torch.int64, device=self.device)
+        self.graph_runner = self._make_graph_runner()
+        log.info("KV cache: %d pages x %d tokens (%.2f GiB, %s), backend %s, device %s",
+                 self.num_pages, config.page_size, self.pool.memory_bytes() / 2**30,
+                 str(self.kv_dtype).removeprefix("torch."),
+                 describe(self.backend), self.device)
+
+    # -- start-up helpers -------------------------------------------------------------------------
+
+    def _size_kv(self, kv_heads: int) -> int:
+        cfg, mc = self.config, self.model_config
+        if cfg.num_pages is not None:
+            return cfg.num_pages
+        if self.device.type != "cuda":
+            return max(1, -(-cfg.kv_cache_tokens // cfg.page_size))
+        per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim,
+                                         self.kv_dtype)
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = total * cfg.mem_fraction - (total - free)
+        pages = torch.tensor([int(budget // per_page)], device=self.device)
+        if cfg.tp_size > 1:  # every rank must hold the same pages
+            torch.distributed.all_reduce(pages, op=torch.distributed.ReduceOp.MIN)
+        n = int(pages.item())
+        if n < 1:
+            raise RuntimeError(f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} "
+                               f"GiB); raise --mem-fraction or use more GPUs (TP)")
+        return n
+
+    def _make_graph_runner(self) -> object | None:
+        cfg = self.config
+        if (self.device.type != "cuda" or cfg.disable_cuda_graph
+                or not getattr(self.backend, "supports_cuda_graph", False)):
+            return None
+        try:
+            from .cuda_graph import CudaGraphRunner  # type: ignore[import-not-found]
+        except ImportError:
+            log.info("CUDA graphs: no runner in this build; running eagerly")
+            return None
+        model = self.model
+        # The LM head runs inside the graph: one launch less per step, and fixed GEMM shapes.
+        # Not with TP yet: its all-gather inside a graph has not been run on the GPUs.
+        logits = None if cfg.tp_size > 1 else (
+            lambda hidden: model.compute_logits(hidden, fp32=False))
+        return CudaGraphRunner(model, self.backend, self.pool, cfg.cuda_graph_max_bs,
+                               logits=logits)
+
+    def release(self) -> None:
+        """Free the device memory this rank holds (CUDA graphs first: NCCL does not tear down a
+        communicator that a live graph captured, so they go before the TP group is left)."""
+        if self.graph_runner is not None:
+            self.graph_runner.release()
+        # Drop the big tensors now rather than whenever this object is collected, so an
+        # in-process caller can build the next engine in the memory this one held.
+        for name in ("graph_runner", "backend", "model", "pool", "sampler", "last_tokens"):
+            setattr(self, name, None)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- one step on this rank --------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run_logits(self, plan: StepPlan) -> torch.Tensor:
+        step = self._upload(plan)
+        hidden, _ = self._forward(step, use_graph=False)
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def run_step(self, plan: StepPlan) -> InFlight:
+        """Build and queue the step's work on this rank (the plan is already validated)."""
+        started = time.perf_counter()
+        for r in plan.reqs:
+            if r.sampling is not None:
+                self.sampler.set_slot(r.slot, r.sampling, r.history_ids,
+                                      r.num_prompt_tokens or None)
+            if r.input_ids:
+                self.sampler.observe_inputs(r.slot, r.input_ids, r.cache_len)
+        step = self._upload(plan, pad_for_graph=True)
+        rids = step.sample_rids
+        if not plan.reqs:
+            return InFlight(plan.step_id, [], None, None, None, None, False, None, started, 0.0)
+        out, is_logits = self._forward(step)
+        tokens = logprobs = top_ids = top_lp = None
+        want = False
+        if rids:
+            # The activation dtype: the sampler reads it directly on its fast paths.
+            if not is_logits:
+                logits = self.model.compute_logits(out[step.batch.sample_indices], fp32=False)
+            elif len(rids) == len(plan.reqs):  # every row samples: the leading rows, no copy
+                logits = out[: len(rids)]
+            else:
+                logits = out[step.batch.sample_indices]
+            out = self.sampler.sample(logits, step.sample_slots, step.sample_positions,
+                                      host_slots=step.sample_slots_host)
+            self.last_tokens[step.sample_slots] = out.token_ids
+            want = out.logprobs is not None
+            tokens, logprobs = self._to_host(out.token_ids), self._to_host(out.logprobs)
+            top_ids, top_lp = self._to_host(out.top_ids), self._to_host(out.top_logprobs)
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        host_ms = (time.perf_counter() - started) * 1e3
+        return InFlight(plan.step_id, rids, tokens, logprobs, top_ids, top_lp, want, done,
+                         started, host_ms)
+
+    def _upload(self, plan: StepPlan, pad_for_graph: bool = False) -> DeviceStep:
+        """Host mirrors -> device: the step's metadata, page-table writes, decode inputs. With
+        `pad_for_graph` a decode batch comes padded to its CUDA graph's size (logits callers
+        want exactly one row per input token, so they do not pad)."""
+        runner = self.graph_runner if pad_for_graph else None
+        step, _ = self.builder.build(plan, runner.padded_size if runner is not None else None)
+        w = step.page_writes
+        if w.shape[1]:
+            self.pool.page_table[w[0], w[1]] = w[2].int()
+        if step.decode_count:
+            step.input_ids[step.decode_index] = self.last_tokens[step.decode_slots]
+        return step
+
+    def _forward(self, step: DeviceStep, use_graph: bool = True) -> tuple[torch.Tensor, bool]:
+        """The step's hidden states [T, H], or (second item True) the logits of every row when
+        a CUDA graph that computes them ran."""
+        batch = step.batch
+        runner = self.graph_runner
+        if use_graph and runner is not None and runner.can_run(batch):  # type: ignore[attr-defined]
+            out = runner.run(step.input_ids, batch)  # type: ignore[attr-defined]
+            return out, bool(runner.returns_logits)  # type: ignore[attr-defined]
+        self.backend.prepare(batch)
+        return self.model(step.input_ids, batch.positions, self.backend), False
+
+    def _to_host(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        if x is None or self.device.type != "cuda":
+            return x
+        buf = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        return buf.copy_(x, non_blocking=True)
+
+
+__all__ = ["InFlight", "ModelRunner", "prepare_rank"]
