@@ -10,6 +10,8 @@ hot path: the kernels' dispatch reads the fields of `SETTINGS`.
                                   must be set before the first kernel module is imported
 
 Flags of the worker service (`--page-size`, ...) are EngineConfig fields, not these.
+The worker writes two variables, for the TP ranks it spawns: GLOO_SOCKET_IFNAME and
+NCCL_SOCKET_IFNAME default to loopback (distributed/tp_group.py).
 Tests that flip a switch either set it before the process starts, or set the variable and call
 `reload()`, or replace `SETTINGS` (pytest's monkeypatch.setattr restores it).
 """
