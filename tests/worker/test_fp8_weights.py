@@ -177,6 +177,7 @@ def test_model_logits_close_to_unquantized(tiny_model, arch: str, layers_quantiz
     model (weights of std 0.15) has near-ties and amplifies errors layer to layer; the Qwen3
     shapes on the GPU lose less (bench/gpu_check_fp8.py)."""
     from minisgl_worker.layers.moe import SparseMoeBlock
+    from minisgl_worker.layers.norm import Fp8FeedingRMSNorm
 
     path = str(tiny_model(arch))
     prompt = [(7 * i + 3) % VOCAB for i in range(23)]
@@ -189,6 +190,11 @@ def test_model_logits_close_to_unquantized(tiny_model, arch: str, layers_quantiz
         assert n == (0 if quant == "none" else 2 * layers_quantized), n
         moe = [m for m in eng.model.modules() if isinstance(m, SparseMoeBlock)]
         assert len(moe) == moe_blocks
+        for layer in eng.model.model.layers:  # fp8 rows from the norms: decided at load time
+            fed = isinstance(layer.input_layernorm, Fp8FeedingRMSNorm)
+            assert fed == (quant == "fp8")
+            assert isinstance(layer.post_attention_layernorm, Fp8FeedingRMSNorm) == (
+                fed and not isinstance(layer.mlp, SparseMoeBlock))  # a router takes bf16 rows
         for block in moe:
             assert (block.w13.dtype == torch.float8_e4m3fn) == (quant == "fp8")
             assert (block.w2_scale is None) == (quant == "none")
