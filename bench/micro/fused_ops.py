@@ -35,9 +35,9 @@ import sys
 from collections.abc import Callable
 
 import torch
+from minisgl_worker.kernels.store_kv import store_kv
 from minisgl_worker.layers import fused_kernels, fused_ops
 from minisgl_worker.layers.rotary import RotaryEmbedding
-from minisgl_worker.triton_kernels.store_kv import store_kv
 
 from bench.common.gpu_timing import graph_us
 

@@ -30,8 +30,9 @@ import torch
 import triton
 import triton.language as tl
 from minisgl_core.sampling import SamplingParams
-from minisgl_worker.sampler import Sampler
-from minisgl_worker.triton_kernels import sampling as kern
+from minisgl_worker.engine import sampling_ops
+from minisgl_worker.engine.sampler import Sampler
+from minisgl_worker.kernels import sampling as kern
 
 VOCAB = 151_936
 TEMPS = [0.6, 0.7, 0.1, 0.33, 1.3, 2.9]
@@ -187,7 +188,7 @@ def bench_case(batch: int, kind: str, timer: Timer, iters: int) -> dict:
     old_us, new_us = timer(old, iters), timer(new, iters)
     table_us = None
     if kind != "greedy":  # the variant with the per-token hashes from a table
-        table = kern.token_hash_table(VOCAB, torch.device("cuda"))
+        table = sampling_ops.token_hash_table(VOCAB, torch.device("cuda"))
 
         def new_table() -> torch.Tensor:
             return kern.gumbel_argmax(logits, seeds, positions, temps=temps, tok_hash=table)
@@ -211,7 +212,7 @@ def bench_case(batch: int, kind: str, timer: Timer, iters: int) -> dict:
 def sweep(batch: int, timer: Timer, iters: int) -> list[dict]:
     logits, temps, seeds, positions = make_case(batch, "temperature")
     want = kern.gumbel_argmax(logits, seeds, positions, temps=temps)
-    table = kern.token_hash_table(VOCAB, torch.device("cuda"))
+    table = sampling_ops.token_hash_table(VOCAB, torch.device("cuda"))
     out = []
     for block, chunks, tok in itertools.product((512, 1024, 2048), (1, 2, 4, 8, 16, 32, 64, 128),
                                                 (None, table)):

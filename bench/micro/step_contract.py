@@ -29,7 +29,7 @@ from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import StepExecutor, StepOutput, StepPlan, WorkerInfo
 from minisgl_scheduler.config import SchedulerConfig
 from minisgl_scheduler.scheduler import Scheduler
-from minisgl_worker.batch import PlanBuilder
+from minisgl_worker.engine.batch import PlanBuilder
 
 PAGE_SIZE = 16
 PROMPT_LEN = 32

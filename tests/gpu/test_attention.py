@@ -39,9 +39,9 @@ from minisgl_worker.attention.base import (
     AttentionConfig,
     ForwardBatch,
 )
+from minisgl_worker.attention.kv_pool import KVPool
 from minisgl_worker.attention.torch_backend import TorchBackend
 from minisgl_worker.config import KV_CACHE_DTYPES
-from minisgl_worker.kv_pool import KVPool
 
 HQ, HKV, D = 32, 8, 128
 DEV = torch.device("cuda")
@@ -218,7 +218,7 @@ def check_backend(name: str, case: Case, ref: tuple[torch.Tensor, torch.Tensor],
 
 
 def check_sampler() -> dict:
-    from minisgl_worker import sampling_kernels as ops
+    from minisgl_worker.engine import sampling_ops as ops
 
     gen = torch.Generator(device=DEV).manual_seed(0)
     rec: dict = {}
@@ -239,7 +239,7 @@ def check_sampler() -> dict:
         }
     # The whole Sampler.sample on a decode-sized batch: greedy, and a top-p/penalty mix.
     from minisgl_core.sampling import SamplingParams
-    from minisgl_worker.sampler import Sampler
+    from minisgl_worker.engine.sampler import Sampler
 
     vocab, batch = 151936, 64
     x = torch.randn(batch, vocab, device=DEV, generator=gen) * 3
@@ -262,9 +262,9 @@ def check_sampler() -> dict:
 def check_fp8_store(kv_dtype: torch.dtype) -> dict:
     """store_kv and the fused prologue into an fp8 cache vs torch's cast of the same values
     (clamped to the type's range): the bytes must agree; values span past the range."""
-    from minisgl_worker.layers import fused_ops
+    from minisgl_worker.kernels import fused_ops
+    from minisgl_worker.kernels.store_kv import store_kv
     from minisgl_worker.layers.rotary import RotaryEmbedding
-    from minisgl_worker.triton_kernels.store_kv import store_kv
 
     gen = torch.Generator(device=DEV).manual_seed(1)
     t, ps = 4096, 16

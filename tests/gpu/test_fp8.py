@@ -7,7 +7,7 @@ speed against bf16, and a model's logits and greedy tokens against its bf16 self
 
 1. For each dense projection of the model's shape and batches of 1 to 4,096 rows: fp8.linear
    (torch._scaled_mm with row-wise scales after our row-quantization kernel; the GEMV kernel
-   for one row) against the reference formula in fp32 (layers/fp8.py), as max|diff| / max|ref|;
+   for one row) against the reference formula in fp32 (fp8.py), as max|diff| / max|ref|;
    the kernel's fp8 bytes and scales against torch's cast of the same values (the CPU tests
    cannot check the cast: the Triton interpreter does not round to nearest).
 2. µs a call, bf16 F.linear against fp8.linear (quantization included), weights cycled through
@@ -28,7 +28,9 @@ import sys
 from pathlib import Path
 
 import torch
-from minisgl_worker.layers import fp8, fused_ops
+from minisgl_worker import fp8
+from minisgl_worker.kernels import fused_ops
+from minisgl_worker.layers import fp8_linear
 
 from bench.common.gpu_timing import graph_us
 from gpu import test_models as models_check
@@ -49,7 +51,7 @@ def shapes(model: str) -> dict[str, tuple[int, int]]:
 
 
 def reference(x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor, silu: bool) -> torch.Tensor:
-    xin = fp8._silu_mul(x) if silu else x
+    xin = fp8.silu_mul_rows(x) if silu else x
     if fused_ops.gemv_usable(x):  # the one-row GEMV keeps the activation in bf16
         return xin.float() @ (qw.float() * sw).t()
     return fp8.reference_product(xin, qw, sw)
@@ -64,13 +66,13 @@ def check_kernels(model: str, device: str) -> tuple[list[dict], bool]:
         silu = name == "down"
         for m in ROWS:
             x = torch.randn(m, 2 * k if silu else k, device=device, generator=gen).bfloat16()
-            got = fp8.linear(x, qw, sw, silu_mul=silu).float()
+            got = fp8_linear.linear(x, qw, sw, silu_mul=silu).float()
             ref = reference(x, qw, sw, silu)
             err = ((got - ref).abs().max() / ref.abs().max()).item()
             rec = {"proj": name, "rows": m, "err": round(err, 5)}
             if m > 1 and device == "cuda":
                 q, s = fused_ops.quantize_rows_fp8(x, silu_mul=silu)
-                q_ref, s_ref = fp8.quantize_rows(fp8._silu_mul(x) if silu else x)
+                q_ref, s_ref = fp8.quantize_rows(fp8.silu_mul_rows(x) if silu else x)
                 rec["scale_mismatch"] = int((s != s_ref).sum())
                 rec["byte_mismatch"] = int((q.view(torch.uint8) != q_ref.view(torch.uint8)).sum())
                 # silu's exp may differ from torch's in the last bit: allow a few one-step flips
@@ -131,7 +133,7 @@ def bench_projection(n: int, k: int, m: int) -> dict:
                                 out_dtype=x.dtype)
 
     bf16 = timed(lambda i: fused_ops.linear(x, ws[i % copies]))
-    f8 = timed(lambda i: fp8.linear(x, *qs[i % copies]))
+    f8 = timed(lambda i: fp8_linear.linear(x, *qs[i % copies]))
     rec = {"n": n, "k": k, "rows": m, "bf16_us": round(bf16, 1), "fp8_us": round(f8, 1),
            "speedup": round(bf16 / f8, 2)}
     if m > 1:
@@ -159,7 +161,7 @@ def sweep_candidates(m: int) -> list[tuple[int, ...]]:
 def sweep(model: str) -> None:
     """Time every candidate launch shape of the Triton GEMM for each decode batch size over the
     model's four projections (a layer's GEMM time), against torch._scaled_mm."""
-    from minisgl_worker.layers import fp8_gemm
+    from minisgl_worker.kernels import fp8_gemm
 
     projs = shapes(model)
     weights = {}

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from minisgl_worker.fused_moe import (
+from minisgl_worker.kernels.fused_moe import (
     GemmTile,
     MoeConfig,
     choose_config,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
+from minisgl_worker import env
 from minisgl_worker.attention import (
     BackendUnavailable,
     HybridBackend,
@@ -13,9 +16,9 @@ from minisgl_worker.attention import (
     describe,
 )
 from minisgl_worker.attention.base import AttentionConfig, ForwardBatch
+from minisgl_worker.attention.kv_pool import KVPool
 from minisgl_worker.attention.torch_backend import TorchBackend
 from minisgl_worker.engine import Engine, EngineConfig
-from minisgl_worker.kv_pool import KVPool
 
 from .driver import run_requests
 from .test_engine import PROMPTS
@@ -39,6 +42,7 @@ def test_gpu_backends_refused_on_cpu(name: str) -> None:
 
 def test_triton_needs_cuda_unless_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(env, "SETTINGS", replace(env.SETTINGS, triton_interpret=False))
     with pytest.raises(BackendUnavailable, match="CUDA"):
         backend_class("triton", CPU)
 

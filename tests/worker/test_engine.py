@@ -7,8 +7,8 @@ import pytest
 import torch
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import DecodeEntries, ReqPlan, StepPlan
-from minisgl_worker.batch import InvalidPlan
 from minisgl_worker.engine import Engine, EngineConfig
+from minisgl_worker.engine.batch import InvalidPlan
 
 from .driver import GREEDY, run_requests
 from .tiny_models import VOCAB

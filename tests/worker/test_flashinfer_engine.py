@@ -190,7 +190,7 @@ class _Tape(TorchDispatchMode):
 
 
 def _tape_runner(model, backend, pool, max_bs, logits=None):
-    from minisgl_worker.cuda_graph import CudaGraphRunner, _empty_decode_batch, pad_decode_batch
+    from minisgl_worker.engine.cuda_graph import CudaGraphRunner, _empty_decode_batch, pad_decode_batch
 
     class _TapeGraphRunner(CudaGraphRunner):
         def _capture_all(self) -> None:
@@ -301,7 +301,7 @@ def test_engine_without_graphs_matches_torch(tiny_model_path, torch_tokens, fake
 def test_refuses_unsupported_dtype_and_head_dim(monkeypatch):
     from minisgl_worker.attention import flashinfer_backend as fb
     from minisgl_worker.attention.base import AttentionConfig
-    from minisgl_worker.kv_pool import KVPool
+    from minisgl_worker.attention.kv_pool import KVPool
 
     fake = types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=_Decode,
                                  BatchPrefillWithPagedKVCacheWrapper=_Prefill)

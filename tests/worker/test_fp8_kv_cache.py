@@ -8,8 +8,8 @@ import pytest
 import torch
 from minisgl_core.step import ReqPlan, StepPlan
 from minisgl_worker.__main__ import build_parser, config_from_args
+from minisgl_worker.attention.kv_pool import KVPool
 from minisgl_worker.engine import Engine, EngineConfig
-from minisgl_worker.kv_pool import KVPool
 
 from .tiny_models import VOCAB
 

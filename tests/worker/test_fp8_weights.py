@@ -1,4 +1,4 @@
-"""--quantization fp8: fp8 rows with a scale each for the projections (layers/fp8.py).
+"""--quantization fp8: fp8 rows with a scale each for the projections (fp8.py).
 
 The arithmetic is checked here on CPU: the torch reference formula, the Triton kernels (row
 quantization with and without SiLU-and-mul folded in, the fp8-weight GEMV) under the interpreter
@@ -16,9 +16,11 @@ import importlib  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from minisgl_core.step import ReqPlan, StepPlan  # noqa: E402
+from minisgl_worker import fp8, quantize  # noqa: E402
 from minisgl_worker.__main__ import build_parser, config_from_args  # noqa: E402
 from minisgl_worker.engine import Engine, EngineConfig  # noqa: E402
-from minisgl_worker.layers import fp8, fused_kernels, fused_ops  # noqa: E402
+from minisgl_worker.kernels import fused_kernels, fused_ops  # noqa: E402
+from minisgl_worker.layers import fp8_linear  # noqa: E402
 from minisgl_worker.layers.linear import (  # noqa: E402
     ColumnParallelLinear,
     ReplicatedLinear,
@@ -105,7 +107,7 @@ def test_quant_kernel_folds_silu_and_mul(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(fused_ops, "_QUANT_ONE_PASS_MAX", one_pass_max)
     gate_up = _randn(4, 2 * 96).half()
     q, s = fused_ops.quantize_rows_fp8(gate_up, silu_mul=True, qdtype=torch.float32)
-    q_ref, s_ref = _unrounded(fp8._silu_mul(gate_up))
+    q_ref, s_ref = _unrounded(fp8.silu_mul_rows(gate_up))
     # exp() of the kernel and of torch may differ in the last fp32 bit, which the fp16 rounding
     # of silu * up almost always absorbs
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
@@ -115,14 +117,14 @@ def test_quant_kernel_folds_silu_and_mul(monkeypatch: pytest.MonkeyPatch,
 def test_linear_reference_is_the_product_of_the_dequantized_operands() -> None:
     x, w, b = _randn(7, 96), _randn(40, 96) * 0.05, _randn(40)
     qw, sw = fp8.quantize_rows(w)
-    got = fp8.linear(x, qw, sw, b)
+    got = fp8_linear.linear(x, qw, sw, b)
     qx, sx = fp8.quantize_rows(x)
     want = torch.nn.functional.linear(qx.float() * sx, qw.float() * sw, b)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     exact = torch.nn.functional.linear(x, w, b)
     err = ((got - exact).norm() / exact.norm()).item()
     assert 0 < err < 0.05, err  # fp8 moves it, but little (measured ~0.02)
-    assert fp8.linear(x[:0], qw, sw).shape == (0, 40)
+    assert fp8_linear.linear(x[:0], qw, sw).shape == (0, 40)
 
 
 @pytest.mark.parametrize("silu_mul", [False, True])
@@ -134,7 +136,7 @@ def test_gemv_reads_fp8_rows_with_their_scales(silu_mul: bool) -> None:
     b = _randn(n).half()
     got = fused_ops.gemv(x, qw, b, silu_mul=silu_mul, config=(8, 32, 4, 2),
                          w_scale=sw.view(-1))
-    xin = fp8._silu_mul(x) if silu_mul else x
+    xin = fp8.silu_mul_rows(x) if silu_mul else x
     want = torch.nn.functional.linear(xin.float(), qw.float() * sw, b.float())
     assert got.dtype == torch.float16
     torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3)
@@ -148,17 +150,17 @@ def test_layers_quantize_and_route_silu_mul() -> None:
     x = _randn(3, 32)
     gate_up_ref = col(x)
     assert not row.folds_silu_mul(gate_up_ref)  # unquantized on CPU: silu_and_mul runs apart
-    assert fp8.quantize_model(torch.nn.ModuleList([col, row, rep]), "fp8") == 2
+    assert quantize.quantize_model(torch.nn.ModuleList([col, row, rep]), "fp8") == 2
     assert col.weight.dtype == row.weight.dtype == torch.float8_e4m3fn
     assert rep.weight.dtype == torch.float32 and not hasattr(rep, "weight_scale")  # the router
     assert col.weight_scale is not None and col.weight_scale.shape == (32, 1)
     gate_up = col(x)
     assert row.folds_silu_mul(gate_up)
     torch.testing.assert_close(row(gate_up, silu_mul=True),
-                               fp8.linear(fp8._silu_mul(gate_up), row.weight, row.weight_scale))
+                               fp8_linear.linear(fp8.silu_mul_rows(gate_up), row.weight, row.weight_scale))
     assert ((gate_up - gate_up_ref).norm() / gate_up_ref.norm()).item() < 0.05
     with pytest.raises(ValueError, match="quantization must be one of"):
-        fp8.quantize_model(col, "int8")
+        quantize.quantize_model(col, "int8")
 
 
 def _prefill(prompt: list[int]) -> StepPlan:
@@ -175,6 +177,7 @@ def test_model_logits_close_to_unquantized(tiny_model, arch: str, layers_quantiz
     model (weights of std 0.15) has near-ties and amplifies errors layer to layer; the Qwen3
     shapes on the GPU lose less (tests/gpu/test_fp8.py)."""
     from minisgl_worker.layers.moe import SparseMoeBlock
+    from minisgl_worker.layers.norm import Fp8FeedingRMSNorm
 
     path = str(tiny_model(arch))
     prompt = [(7 * i + 3) % VOCAB for i in range(23)]
@@ -183,10 +186,15 @@ def test_model_logits_close_to_unquantized(tiny_model, arch: str, layers_quantiz
         eng = Engine(EngineConfig(model_path=path, page_size=4, num_pages=16, max_slots=2,
                                   quantization=quant))
         n = sum(m.weight.dtype == torch.float8_e4m3fn for m in eng.model.modules()
-                if isinstance(m, fp8.Fp8Linear))
+                if isinstance(m, fp8_linear.Fp8Linear))
         assert n == (0 if quant == "none" else 2 * layers_quantized), n
         moe = [m for m in eng.model.modules() if isinstance(m, SparseMoeBlock)]
         assert len(moe) == moe_blocks
+        for layer in eng.model.model.layers:  # fp8 rows from the norms: decided at load time
+            fed = isinstance(layer.input_layernorm, Fp8FeedingRMSNorm)
+            assert fed == (quant == "fp8")
+            assert isinstance(layer.post_attention_layernorm, Fp8FeedingRMSNorm) == (
+                fed and not isinstance(layer.mlp, SparseMoeBlock))  # a router takes bf16 rows
         for block in moe:
             assert (block.w13.dtype == torch.float8_e4m3fn) == (quant == "fp8")
             assert (block.w2_scale is None) == (quant == "none")
@@ -205,9 +213,9 @@ def test_model_logits_close_to_unquantized(tiny_model, arch: str, layers_quantiz
 
 @pytest.mark.parametrize("m, n, k", [(5, 40, 256), (16, 72, 512), (70, 33, 256)])
 def test_triton_gemm_equals_reference(m: int, n: int, k: int) -> None:
-    """The decode-batch fp8 GEMM (layers/fp8_gemm.py) under the interpreter: the reference
+    """The decode-batch fp8 GEMM (kernels/fp8_gemm.py) under the interpreter: the reference
     formula, with edges of M and N masked (K is whole BLOCK_K slices by contract)."""
-    from minisgl_worker.layers import fp8_gemm
+    from minisgl_worker.kernels import fp8_gemm
 
     if type(fp8_gemm._fp8_gemm_kernel).__name__ != "InterpretedFunction":
         importlib.reload(fp8_gemm)

@@ -15,8 +15,8 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from minisgl_worker import fused_moe_kernels  # noqa: E402
-from minisgl_worker.fused_moe import (  # noqa: E402
+from minisgl_worker.kernels import fused_moe_kernels  # noqa: E402
+from minisgl_worker.kernels.fused_moe import (  # noqa: E402
     GemmTile,
     MoeConfig,
     align_pairs,

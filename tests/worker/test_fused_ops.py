@@ -12,7 +12,7 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from minisgl_worker.layers import fused_kernels, fused_ops  # noqa: E402
+from minisgl_worker.kernels import fused_kernels, fused_ops  # noqa: E402
 from minisgl_worker.layers.mlp import silu_and_mul  # noqa: E402
 from minisgl_worker.layers.norm import RMSNorm  # noqa: E402
 from minisgl_worker.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -103,7 +103,7 @@ def test_gemv_folds_silu_and_mul(dtype: torch.dtype) -> None:
 def test_pdl_only_on_cuda() -> None:
     """CPU tensors (the interpreter) get neither the launch attribute nor the wait
     instructions: griddepcontrol exists on Hopper GPUs only."""
-    from minisgl_worker.triton_kernels import pdl
+    from minisgl_worker.kernels import pdl
 
     assert pdl.options(torch.zeros(1)) == {"USE_PDL": False}
 

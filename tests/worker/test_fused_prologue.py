@@ -14,11 +14,14 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from minisgl_worker.kv_pool import KVPool  # noqa: E402
-from minisgl_worker.layers import fused_kernels, fused_ops  # noqa: E402
+from minisgl_worker.attention.kv_pool import KVPool  # noqa: E402
+from minisgl_worker.kernels import (  # noqa: E402
+    fused_kernels,
+    fused_ops,
+    store_kv,  # noqa: E402
+)
 from minisgl_worker.layers.norm import RMSNorm  # noqa: E402
 from minisgl_worker.layers.rotary import RotaryEmbedding  # noqa: E402
-from minisgl_worker.triton_kernels import store_kv  # noqa: E402
 
 for _mod in (fused_kernels, store_kv):  # imported earlier in this process without the interpreter
     if not any(type(v).__name__ == "InterpretedFunction" for v in vars(_mod).values()):

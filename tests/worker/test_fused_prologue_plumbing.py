@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from minisgl_worker.attention import HybridBackend  # noqa: E402
 from minisgl_worker.attention.torch_backend import TorchBackend  # noqa: E402
 from minisgl_worker.attention.triton_backend import TritonBackend  # noqa: E402
-from minisgl_worker.layers import fused_ops  # noqa: E402
+from minisgl_worker.kernels import fused_ops  # noqa: E402
 
 from .driver import run_requests  # noqa: E402
 from .test_triton_backend import CFG, make_batch, make_pool, qkv  # noqa: E402
@@ -118,8 +118,8 @@ PS = 4
 
 
 def _engine(path, backend: str, graphs: bool):
-    from minisgl_worker.cuda_graph import CudaGraphRunner
     from minisgl_worker.engine import Engine, EngineConfig
+    from minisgl_worker.engine.cuda_graph import CudaGraphRunner
 
     engine = Engine(EngineConfig(model_path=str(path), attention_backend=backend, page_size=PS,
                                  max_slots=4, num_pages=64, max_model_len=128,

@@ -11,7 +11,7 @@ import torch
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import DecodeEntries, ReqPlan, StepPlan
 from minisgl_worker.attention.flashinfer_backend import paged_kv_layout
-from minisgl_worker.batch import InvalidPlan, PlanBuilder
+from minisgl_worker.engine.batch import InvalidPlan, PlanBuilder
 
 PS, SLOTS, PAGES, VOCAB = 4, 8, 64, 100
 CPU = torch.device("cpu")

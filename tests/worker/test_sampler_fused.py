@@ -15,10 +15,10 @@ import math  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from minisgl_core.sampling import SamplingParams  # noqa: E402
-from minisgl_worker import sampling_kernels as ops  # noqa: E402
+from minisgl_worker.engine import sampling_ops as ops  # noqa: E402
+from minisgl_worker.engine.sampler import Sampler  # noqa: E402
+from minisgl_worker.kernels import sampling as tsampling  # noqa: E402
 from minisgl_worker.layers.embedding import ParallelLMHead  # noqa: E402
-from minisgl_worker.sampler import Sampler  # noqa: E402
-from minisgl_worker.triton_kernels import sampling as tsampling  # noqa: E402
 
 if type(tsampling._gumbel_argmax_kernel).__name__ != "InterpretedFunction":
     importlib.reload(tsampling)
@@ -67,7 +67,7 @@ def test_fused_draw_equals_old_path(dtype: torch.dtype, seed: int):
     for chunks in (1, 3):
         got = tsampling.gumbel_argmax(logits, seeds, positions, chunks, temps=temps)
         assert got.tolist() == want_triton.tolist()
-    table = tsampling.token_hash_table(VOCAB, CPU)  # the table variant: the same bits
+    table = ops.token_hash_table(VOCAB, CPU)  # the table variant: the same bits
     got = tsampling.gumbel_argmax(logits, seeds, positions, 2, temps=temps, tok_hash=table)
     assert got.tolist() == want_triton.tolist()
     got = ops.gumbel_argmax_torch(logits, ops.row_keys(seeds, positions),
@@ -91,7 +91,7 @@ def test_fused_scores_equal_old_kernel(dtype: torch.dtype):
     new_val, new_idx = tsampling.gumbel_partials(logits, seeds, positions, 20, temps, block=128)
     assert torch.equal(new_val[sampled], old_val[sampled])
     assert torch.equal(new_idx[sampled], old_idx[sampled])
-    table = tsampling.token_hash_table(VOCAB, CPU)
+    table = ops.token_hash_table(VOCAB, CPU)
     tab_val, _ = tsampling.gumbel_partials(logits, seeds, positions, 20, temps, 128, table)
     assert torch.equal(tab_val, new_val)
     greedy = torch.full((int((~sampled).sum()), 20 * 128), -math.inf)  # chunks of 128

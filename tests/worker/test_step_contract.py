@@ -20,7 +20,7 @@ from minisgl_core.convert import plan_from_proto, plan_to_proto
 from minisgl_core.proto.minisgl.v1 import worker_pb2
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import DecodeEntries, ReqPlan, StepPlan
-from minisgl_worker.batch import DeviceStep, PlanBuilder
+from minisgl_worker.engine.batch import DeviceStep, PlanBuilder
 
 RECORDED = Path(__file__).parent / "data" / "plan_builder_rows.json"
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from minisgl_core.step import ReqPlan, StepPlan
@@ -60,34 +63,44 @@ def test_close_releases_graphs_before_leaving_the_tp_group(tiny_model, monkeypat
     graphs, so a recorder stands in for the runner; the follower is a real process that must
     leave with status 0, before this rank leaves the group (it hosts the group's store, whose
     early close made the followers' NCCL heartbeat print stack traces)."""
-    from minisgl_worker import tp_workers
+    from minisgl_worker.distributed import tp_group
 
     order: list[str] = []
-    real_destroy = tp_workers.dist.destroy_tp
+    real_destroy = tp_group.dist.destroy_tp
 
     def destroy() -> None:
         exited = all(p.poll() is not None for p in procs)
         order.append("left the group" + (" after the followers exited" if exited else ""))
         real_destroy()
 
-    monkeypatch.setattr(tp_workers.dist, "destroy_tp", destroy)
+    monkeypatch.setattr(tp_group.dist, "destroy_tp", destroy)
 
     class GraphRecorder:
         def release(self) -> None:
             order.append("graphs released")
 
-    real_stop = tp_workers.stop_followers
+    real_stop = tp_group.TPGroup.stop
 
-    def stop(followers: tp_workers.Followers, timeout: float = 30.0) -> None:
+    def stop(group: tp_group.TPGroup, timeout: float = 30.0) -> None:
         order.append("followers stopped")
-        real_stop(followers, timeout)
+        real_stop(group, timeout)
 
-    monkeypatch.setattr(tp_workers, "stop_followers", stop)
+    monkeypatch.setattr(tp_group.TPGroup, "stop", stop)
     engine = Engine(EngineConfig(model_path=str(tiny_model("qwen3")), page_size=PAGE,
                                  num_pages=64, max_slots=4, tp_size=2))
-    procs = list(engine._followers.procs)
+    assert engine._group is not None
+    procs = list(engine._group.procs)
     engine.graph_runner = GraphRecorder()
     engine.close()
     assert order == ["graphs released", "followers stopped",
                      "left the group after the followers exited"]
     assert [p.wait(30) for p in procs] == [0]
+
+
+def test_a_follower_rank_never_loads_the_engine() -> None:
+    """The TP ranks 1..N-1 run a ModelRunner; the Engine (rank 0's front) stays out of them."""
+    code = ("import sys, minisgl_worker.engine.follower\n"
+            "assert 'minisgl_worker.engine.runner' in sys.modules\n"
+            "assert 'minisgl_worker.engine.engine' not in sys.modules, 'the engine was loaded'\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr

@@ -12,7 +12,7 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from minisgl_worker.triton_kernels import paged_decode, paged_extend, store_kv  # noqa: E402
+from minisgl_worker.kernels import paged_decode, paged_extend, store_kv  # noqa: E402
 
 for _mod in (paged_decode, paged_extend, store_kv):
     if not any(type(v).__name__ == "InterpretedFunction" for v in vars(_mod).values()):

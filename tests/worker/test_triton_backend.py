@@ -14,10 +14,10 @@ import importlib  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from minisgl_worker.attention.base import AttentionConfig, ForwardBatch  # noqa: E402
+from minisgl_worker.attention.kv_pool import KVPool  # noqa: E402
 from minisgl_worker.attention.torch_backend import TorchBackend  # noqa: E402
 from minisgl_worker.attention.triton_backend import TritonBackend  # noqa: E402
-from minisgl_worker.kv_pool import KVPool  # noqa: E402
-from minisgl_worker.triton_kernels import paged_decode, paged_extend, store_kv  # noqa: E402
+from minisgl_worker.kernels import paged_decode, paged_extend, store_kv  # noqa: E402
 
 for _mod in (paged_decode, paged_extend, store_kv):
     if not any(type(v).__name__ == "InterpretedFunction" for v in vars(_mod).values()):
@@ -190,8 +190,8 @@ def test_engine_triton_with_graph_runner_matches_torch(tiny_model_path, referenc
     """Same greedy tokens as the torch backend. Prefill steps take the extend kernel; decode
     steps go through the CUDA-graph runner's plumbing (static buffers, padding to 4 rows, the
     backend's capture/replay hooks), replayed eagerly since there is no GPU here."""
-    from minisgl_worker.cuda_graph import CudaGraphRunner
     from minisgl_worker.engine import Engine, EngineConfig
+    from minisgl_worker.engine.cuda_graph import CudaGraphRunner
 
     # max_model_len 300: graph decode runs with 2 fixed splits, the second empty for these rows.
     engine = Engine(EngineConfig(model_path=str(tiny_model_path), attention_backend="triton",

@@ -1,8 +1,9 @@
 """`python -m minisgl_worker --model PATH`: the worker service (one GPU, or TP ranks on one host).
 
 Every flag also reads MINISGL_WORKER_<FLAG> from the environment (flags win). EngineConfig fields
-map 1:1 onto flags (`--page-size` -> page_size). With --tp-size N, rank 0 serves gRPC and spawns
-ranks 1..N-1; ranks started by hand (--tp-rank K --dist-init-method tcp://HOST:PORT) only follow.
+map 1:1 onto flags (`--page-size` -> page_size); a flag's help is its field's metadata["help"].
+With --tp-size N, rank 0 serves gRPC and spawns ranks 1..N-1; ranks started by hand (--tp-rank K
+--dist-init-method tcp://HOST:PORT) only follow.
 """
 
 from __future__ import annotations
@@ -15,38 +16,10 @@ from typing import Any
 from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
 from minisgl_core.startup import begin
 
-from .config import KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
+from .config import KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS, EngineConfig, field_help
 
 log = logging.getLogger("minisgl_worker")
 
-_HELP = {
-    "model_path": "HF model directory (config.json + *.safetensors)",
-    "load_format": "safetensors, or dummy: random weights from config.json (benchmarks)",
-    "dtype": "auto (float32 on CPU, bfloat16 on GPU), float16, bfloat16 or float32",
-    "kv_cache_dtype": "KV cache elements: auto (as --dtype), fp8_e4m3 or fp8_e5m2 (half the "
-                      "bytes, lossy; see docs/operations.md)",
-    "quantization": "none, or fp8: projections and MoE experts stored as fp8 e4m3 with a scale "
-                    "per row, made at start-up (half the weight bytes, lossy; see "
-                    "docs/operations.md)",
-    "device": "auto, cpu, cuda or cuda:N",
-    "page_size": "tokens per KV page (default: 64 on a GPU, 16 on CPU)",
-    "num_pages": "KV pages (default: GPU free memory x mem-fraction; CPU: kv-cache-tokens)",
-    "kv_cache_tokens": "KV cache size in tokens on CPU when --num-pages is not given",
-    "mem_fraction": "share of GPU memory for weights + KV cache",
-    "max_slots": "requests the worker can hold at once (page-table rows)",
-    "max_model_len": "context length (default: config.json max_position_embeddings)",
-    "attention_backend": "auto, torch, triton, flashinfer, fa3 or trtllm",
-    "prefill_attention_backend": "backend for steps with prefill (hybrid mode)",
-    "decode_attention_backend": "backend for decode-only steps (hybrid mode)",
-    "cuda_graph_max_bs": "largest decode batch captured in a CUDA graph",
-    "disable_cuda_graph": "run decode eagerly",
-    "tp_size": "tensor-parallel ranks (one GPU each)",
-    "tp_rank": "this process's rank (ranks > 0 need --dist-init-method)",
-    "dist_init_method": "torch.distributed rendezvous, e.g. tcp://10.0.0.1:29500",
-    "dummy_seed": "seed of the dummy weights",
-    "sampler_seed": "seed for requests without one (default: random)",
-    "hf_overrides": "JSON object merged into config.json, e.g. '{\"num_hidden_layers\": 2}'",
-}
 _CHOICES = {"load_format": list(LOAD_FORMATS), "kv_cache_dtype": ["auto", *KV_CACHE_DTYPES],
             "quantization": list(QUANTIZATIONS)}
 
@@ -58,14 +31,14 @@ def build_parser() -> ServiceArgs:
         flag = "--model" if f.name == "model_path" else "--" + f.name.replace("_", "-")
         default: Any = None if f.default is MISSING else f.default
         if f.name == "hf_overrides":
-            args.add(flag, "{}", _HELP[f.name])
+            args.add(flag, "{}", field_help(f))
             continue
         kind: type = {"int": int, "float": float, "bool": bool}.get(
             str(f.type).split(" |")[0], str)
         extra: dict[str, Any] = {"choices": _CHOICES[f.name]} if f.name in _CHOICES else {}
         if f.name == "model_path":
             extra["dest"] = "model_path"
-        args.add(flag, default, _HELP[f.name], kind, **extra)
+        args.add(flag, default, field_help(f), kind, **extra)
     return args
 
 
@@ -83,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     begin("worker", ns.log_level)
     config = config_from_args(ns)
     if config.tp_rank > 0:
-        from .tp_workers import follower_main
+        from .engine.follower import follower_main
 
         follower_main(config, logging.getLogger().level)
         return

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -25,34 +25,63 @@ def kv_saturation(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max) if dtype.itemsize == 1 else 0.0
 
 
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+def field_help(f: Field[Any]) -> str:
+    """A config field's help text (its `metadata["help"]`): the worker's CLI flags read it."""
+    return str(f.metadata.get("help", ""))
+
+
 @dataclass
 class EngineConfig:
-    model_path: str
-    load_format: str = "auto"  # auto | safetensors | dummy (random weights from config.json)
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
-    kv_cache_dtype: str = "auto"  # auto: as dtype | fp8_e4m3 | fp8_e5m2
-    quantization: str = "none"  # none | fp8: projections and experts as fp8 rows (layers/fp8.py)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    model_path: str = field(metadata=_help("HF model directory (config.json + *.safetensors)"))
+    load_format: str = field(default="auto", metadata=_help(
+        "safetensors, or dummy: random weights from config.json (benchmarks)"))
+    dtype: str = field(default="auto", metadata=_help(
+        "auto (float32 on CPU, bfloat16 on GPU), float16, bfloat16 or float32"))
+    kv_cache_dtype: str = field(default="auto", metadata=_help(
+        "KV cache elements: auto (as --dtype), fp8_e4m3 or fp8_e5m2 (half the bytes, lossy; see "
+        "docs/operations.md)"))
+    quantization: str = field(default="none", metadata=_help(  # fp8.py, quantize.py
+        "none, or fp8: projections and MoE experts stored as fp8 e4m3 with a scale per row, "
+        "made at start-up (half the weight bytes, lossy; see docs/operations.md)"))
+    device: str = field(default="auto", metadata=_help("auto, cpu, cuda or cuda:N"))
     # None: 64 on a GPU (the Triton decode kernel then reads a whole page per 64-token block:
     # +5 % offline throughput with an fp8 cache, docs/benchmarks/log/2026-11-23-07.md), 16 on CPU
-    page_size: int | None = None
-    num_pages: int | None = None  # None: GPU from free memory * mem_fraction; CPU from below
-    kv_cache_tokens: int = 16384  # CPU KV size when num_pages is None
-    mem_fraction: float = 0.85  # of total GPU memory the worker may use (weights + KV + rest)
-    max_slots: int = 256
-    max_model_len: int | None = None  # None: config.json max_position_embeddings
-    attention_backend: str = "auto"
-    prefill_attention_backend: str | None = None  # hybrid: overrides for prefill steps
-    decode_attention_backend: str | None = None  # hybrid: overrides for decode-only steps
-    cuda_graph_max_bs: int = 256
-    disable_cuda_graph: bool = False
-    tp_size: int = 1
-    tp_rank: int = 0
-    # torch.distributed rendezvous for TP; None: rank 0 spawns the other ranks on this host
-    dist_init_method: str | None = None
-    dummy_seed: int = 0
-    sampler_seed: int | None = None  # seeds draws for requests without a seed (None: random)
-    hf_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"num_hidden_layers": 2}
+    page_size: int | None = field(default=None, metadata=_help(
+        "tokens per KV page (default: 64 on a GPU, 16 on CPU)"))
+    num_pages: int | None = field(default=None, metadata=_help(
+        "KV pages (default: GPU free memory x mem-fraction; CPU: kv-cache-tokens)"))
+    kv_cache_tokens: int = field(default=16384, metadata=_help(
+        "KV cache size in tokens on CPU when --num-pages is not given"))
+    mem_fraction: float = field(default=0.85, metadata=_help(
+        "share of GPU memory for weights + KV cache"))
+    max_slots: int = field(default=256, metadata=_help(
+        "requests the worker can hold at once (page-table rows)"))
+    max_model_len: int | None = field(default=None, metadata=_help(
+        "context length (default: config.json max_position_embeddings)"))
+    attention_backend: str = field(default="auto", metadata=_help(
+        "auto, torch, triton, flashinfer, fa3 or trtllm"))
+    prefill_attention_backend: str | None = field(default=None, metadata=_help(
+        "backend for steps with prefill (hybrid mode)"))
+    decode_attention_backend: str | None = field(default=None, metadata=_help(
+        "backend for decode-only steps (hybrid mode)"))
+    cuda_graph_max_bs: int = field(default=256, metadata=_help(
+        "largest decode batch captured in a CUDA graph"))
+    disable_cuda_graph: bool = field(default=False, metadata=_help("run decode eagerly"))
+    tp_size: int = field(default=1, metadata=_help("tensor-parallel ranks (one GPU each)"))
+    tp_rank: int = field(default=0, metadata=_help(
+        "this process's rank (ranks > 0 need --dist-init-method)"))
+    # None: rank 0 spawns the other ranks on this host
+    dist_init_method: str | None = field(default=None, metadata=_help(
+        "torch.distributed rendezvous, e.g. tcp://10.0.0.1:29500"))
+    dummy_seed: int = field(default=0, metadata=_help("seed of the dummy weights"))
+    sampler_seed: int | None = field(default=None, metadata=_help(
+        "seed for requests without one (default: random)"))
+    hf_overrides: dict[str, Any] = field(default_factory=dict, metadata=_help(
+        "JSON object merged into config.json, e.g. '{\"num_hidden_layers\": 2}'"))
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:

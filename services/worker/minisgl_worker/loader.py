@@ -18,9 +18,9 @@ import torch
 from minisgl_core.progress import progress
 from safetensors import safe_open
 
-from .layers.fp8 import quantize_model
 from .model_config import ModelConfig
 from .models import CausalLM, model_class
+from .quantize import quantize_model
 
 log = logging.getLogger(__name__)
 DUMMY_STD = 0.02
@@ -103,7 +103,7 @@ def load_model(model_path: str | Path, cfg: ModelConfig, load_format: str, max_p
                device: torch.device, dtype: torch.dtype, dummy_seed: int = 0,
                quantization: str = "none") -> CausalLM:
     """The model with its weights; with quantization="fp8" the projections and MoE experts
-    are then turned into fp8 rows (layers/fp8.py) and the freed memory handed back."""
+    are then turned into fp8 rows (quantize.py) and the freed memory handed back."""
     model = build_model(cfg, max_positions, device, dtype)
     if load_format == "dummy":
         init_dummy(model, dummy_seed)

@@ -31,8 +31,8 @@ from minisgl_core.proto.minisgl.v1 import worker_pb2, worker_pb2_grpc
 from minisgl_core.sampling import InvalidParams
 from minisgl_core.step import StepExecutor
 
-from .batch import InvalidPlan
 from .convert import error_response
+from .engine.batch import InvalidPlan
 from .step_trace import step_ended, step_started
 
 log = logging.getLogger(__name__)

@@ -10,12 +10,12 @@ at start-up: never a silent fallback to another backend.
 from __future__ import annotations
 
 import importlib
-import os
 
 import torch
 
-from ..kv_pool import KVPool
+from .. import env
 from .base import AttentionBackend, AttentionConfig, BackendUnavailable, ForwardBatch
+from .kv_pool import KVPool
 
 # name -> (module under this package, class, needs a CUDA device)
 _REGISTRY: dict[str, tuple[str, str, bool]] = {
@@ -47,7 +47,7 @@ def backend_class(name: str, device: torch.device) -> type[AttentionBackend]:
         raise BackendUnavailable(
             f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
     module, cls_name, needs_cuda = _REGISTRY[name]
-    interpreted = name == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
+    interpreted = name == "triton" and env.SETTINGS.triton_interpret
     if needs_cuda and device.type != "cuda" and not interpreted:
         raise BackendUnavailable(
             f"attention backend {name!r} needs a CUDA device, but the worker runs on "

@@ -48,7 +48,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ..kv_pool import KVPool
+from .kv_pool import KVPool
 
 
 class BackendUnavailable(RuntimeError):

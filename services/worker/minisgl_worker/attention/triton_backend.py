@@ -1,4 +1,4 @@
-"""Attention with the worker's own Triton kernels (triton_kernels/): split-K paged decode for
+"""Attention with the worker's own Triton kernels (kernels/): split-K paged decode for
 decode-only steps, the paged extend kernel for everything else, and a Triton KV store.
 
 Runs on CUDA, or on CPU tensors under TRITON_INTERPRET=1 (tests). Decode steps can run inside a
@@ -10,12 +10,12 @@ Eager decode uses the same split count as the graph of its batch size, so the tw
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .. import env
 from .base import AttentionBackend, BackendUnavailable, ForwardBatch
 
 
@@ -50,7 +50,7 @@ class TritonBackend(AttentionBackend):
 
     @classmethod
     def check_available(cls, device: torch.device) -> None:
-        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        interpreted = env.SETTINGS.triton_interpret
         if device.type != "cuda" and not interpreted:
             raise BackendUnavailable("the triton attention backend needs a CUDA device "
                                      "(or TRITON_INTERPRET=1 for CPU tests)")
@@ -61,7 +61,7 @@ class TritonBackend(AttentionBackend):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from ..triton_kernels import paged_decode, paged_extend, store_kv
+        from ..kernels import paged_decode, paged_extend, store_kv
 
         self._decode, self._extend, self._store = paged_decode, paged_extend, store_kv
         self._meta: _StepMeta | None = None

@@ -8,8 +8,8 @@ from torch import nn
 
 from ..attention.base import AttentionBackend
 from ..distributed import shard
-from . import fused_ops
-from .fp8 import Fp8Rows
+from ..fp8 import Fp8Rows
+from ..kernels import fused_ops
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding

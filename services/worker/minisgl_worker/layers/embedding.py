@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_gather_last, all_reduce, tp
-from . import fused_ops
+from ..kernels import fused_ops
 from .weights import WeightSource, check_shape, new_param, read, set_loader, src_shape
 
 

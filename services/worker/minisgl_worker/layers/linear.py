@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from ..distributed import all_reduce, shard, tp
-from . import fused_ops
-from .fp8 import Fp8Linear, Fp8Rows
+from ..fp8 import Fp8Rows
+from ..kernels import fused_ops
+from .fp8_linear import Fp8Linear
 from .weights import WeightSource, check_shape, default_loader, new_param, read, set_loader, src_shape
 
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused_ops
-from .fp8 import Fp8Rows
+from ..fp8 import Fp8Rows
+from ..kernels import fused_ops
 from .linear import ColumnParallelLinear, RowParallelLinear
 
 

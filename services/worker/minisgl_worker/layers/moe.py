@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..distributed import all_reduce, shard, tp
-from ..fused_moe import fused_moe, quantize_experts, route
+from ..kernels.fused_moe import fused_moe, quantize_experts, route
 from .linear import ReplicatedLinear
 from .weights import WeightSource, check_shape, new_param, read, set_loader, src_shape
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import fused_ops
-from .fp8 import Fp8Rows
+from ..fp8 import Fp8Rows
+from ..kernels import fused_ops
+from .fp8_linear import Fp8Linear
 from .weights import default_loader, new_param, set_loader
 
 
@@ -20,7 +21,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, to_fp8: bool = False) -> torch.Tensor | Fp8Rows:
         """Over the last dim of x ([N, D], or [T, H, D] for per-head q/k norms). to_fp8: the
-        caller's fp8 projection takes the rows quantized (Fp8Linear.takes_fp8_rows said so)."""
+        consumer's fp8 projection takes the rows quantized (Fp8FeedingRMSNorm passes it)."""
         if to_fp8 and fused_ops.usable(x) and x.dim() == 2 and x.is_contiguous():
             return Fp8Rows(*fused_ops.rmsnorm_quant_fp8(x, self.weight, self.eps), x.dtype)
         if fused_ops.usable(x):
@@ -40,4 +41,22 @@ class RMSNorm(nn.Module):
                 return Fp8Rows(q, scale, x.dtype), residual
             return fused_ops.rmsnorm(x, self.weight, self.eps, residual=residual), residual
         residual = x + residual
-        return self.forward(residual, to_fp8), residual
+        return RMSNorm.forward(self, residual, to_fp8), residual
+
+
+class Fp8FeedingRMSNorm(RMSNorm):
+    """A norm whose only consumer is an fp8 projection: where that projection would quantize the
+    rows itself (Fp8Linear.takes_fp8_rows), the norm kernel quantizes them and hands over Fp8Rows.
+    quantize.py swaps it in for the plain norm it wraps (same weight) when it quantizes."""
+
+    def __init__(self, norm: RMSNorm, consumer: Fp8Linear) -> None:
+        super().__init__(norm.weight.shape[0], norm.eps)
+        self.weight = norm.weight
+        self.consumer = [consumer]  # a list: the projection belongs to its own module
+
+    def forward(self, x: torch.Tensor, to_fp8: bool = False) -> torch.Tensor | Fp8Rows:
+        return super().forward(x, to_fp8 or self.consumer[0].takes_fp8_rows(x))
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor,
+                    to_fp8: bool = False) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
+        return super().add_forward(x, residual, to_fp8 or self.consumer[0].takes_fp8_rows(x))

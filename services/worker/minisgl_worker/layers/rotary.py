@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import fused_ops
+from ..kernels import fused_ops
 
 
 def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:

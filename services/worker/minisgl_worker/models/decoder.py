@@ -44,16 +44,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
-        # With fp8 projections the norms quantize their output for qkv / gate_up themselves
-        # (one kernel instead of two); the MoE block's router needs the unquantized rows.
-        to_fp8 = self.self_attn.qkv_proj.takes_fp8_rows(x)
+        # With fp8 projections the norms may hand over quantized rows (Fp8FeedingRMSNorm,
+        # swapped in by quantize.py).
         if residual is None:
-            residual, h = x, self.input_layernorm(x, to_fp8)
+            residual, h = x, self.input_layernorm(x)
         else:
-            h, residual = self.input_layernorm.add_forward(x, residual, to_fp8)
+            h, residual = self.input_layernorm.add_forward(x, residual)
         h = self.self_attn(positions, h, attn)
-        to_fp8 = isinstance(self.mlp, GatedMLP) and self.mlp.gate_up_proj.takes_fp8_rows(h)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual, to_fp8)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
         return self.mlp(h), residual
 
 

@@ -19,11 +19,12 @@ launched with PDL (CPU interpreter, older GPUs, MINISGL_DISABLE_PDL=1) just runs
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from .. import env
 
 
 @functools.cache
@@ -33,7 +34,7 @@ def _capable(index: int) -> bool:
 
 def options(x: torch.Tensor) -> dict[str, bool]:
     """Launch keywords for a kernel taking a USE_PDL constexpr, for work on x's device."""
-    if (x.is_cuda and os.environ.get("MINISGL_DISABLE_PDL") != "1"
+    if (x.is_cuda and not env.SETTINGS.disable_pdl
             and _capable(x.device.index if x.device.index is not None
                          else torch.cuda.current_device())):
         return {"USE_PDL": True, "launch_pdl": True}

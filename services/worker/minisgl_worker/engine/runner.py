@@ -1,15 +1,16 @@
-"""The worker engine: runs StepPlans on the model and returns sampled tokens.
+"""One TP rank's share of the work: the model, its KV cache, the attention backend, the sampler,
+the decode CUDA graphs, and one step on them.
 
 Per step: the plan becomes a ForwardBatch (host work, two uploads), decode rows take their input
 from the slot's token future (`last_tokens`, written by an earlier step's sampler, on the device),
 the model runs, logits are computed only for the last token of each sampling request (a decode
 CUDA graph computes them for its every row, inside the graph), the sampler
-draws, and the tokens are copied to pinned host memory behind an event. `launch` does all of this
-without waiting for the device; `collect` waits for the oldest step's event. So step N+1 can be
-launched (and queued on the GPU) before step N's tokens are read: overlap scheduling.
+draws, and the tokens are copied to pinned host memory behind an event. `run_step` does all of
+this without waiting for the device (`Engine.collect` waits for the step's event later: overlap
+scheduling).
 
-With tensor parallelism this object is rank 0: it validates each plan, broadcasts it, and every
-rank runs the same step (see tp_workers.py for the other ranks).
+Every rank runs one ModelRunner: rank 0 inside the `Engine` (engine.py), ranks 1..N-1 in
+follower.py. The process group is joined before one is built (distributed/tp_group.py).
 """
 
 from __future__ import annotations
@@ -17,23 +18,22 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from minisgl_core.step import StepExecutor, StepOutput, StepPlan, TopLogprobs, WorkerInfo
+from minisgl_core.step import StepPlan
 
-from . import distributed as dist
-from .attention import AttentionConfig, backend_class, create_backend, describe, resolve_name
-from .batch import DeviceStep, InvalidPlan, PlanBuilder
-from .config import EngineConfig
+from .. import distributed as dist
+from .. import env
+from ..attention import AttentionConfig, backend_class, create_backend, describe, resolve_name
+from ..attention.kv_pool import KVPool
+from ..config import EngineConfig
+from ..fp8 import check_supported as check_quantization
+from ..loader import load_model
+from ..model_config import ModelConfig
+from .batch import DeviceStep, PlanBuilder
 from .grammar import find_tokenizer
-from .kv_pool import KVPool
-from .layers.fp8 import check_supported as check_quantization
-from .loader import load_model
-from .model_config import ModelConfig
 from .sampler import Sampler
 
 if TYPE_CHECKING:
@@ -43,7 +43,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _InFlight:
+class InFlight:
+    """A launched step: its sampled tokens land in the host tensors once `done` fires."""
+
     step_id: int
     rids: list[int]
     tokens: torch.Tensor | None  # host (pinned on CUDA) int64 [S]
@@ -56,23 +58,26 @@ class _InFlight:
     host_ms: float
 
 
-class Engine(StepExecutor):
-    def __init__(self, config: EngineConfig) -> None:
-        device = config.torch_device()
-        self.page_size = config.resolved_page_size(device)  # typed int, unlike the config field
-        config = replace(config, page_size=self.page_size)
+def prepare_rank(config: EngineConfig) -> tuple[EngineConfig, torch.device]:
+    """A rank's start-up before anything is spawned or joined: the switches read, the config
+    with its page size resolved, this rank's device (made current), the quantization checked."""
+    env.reload()
+    device = config.torch_device()
+    config = replace(config, page_size=config.resolved_page_size(device))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    check_quantization(config.quantization, device, config.torch_dtype(device))
+    return config, device
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        """`config` and `device` as prepare_rank returns them; with TP, the group joined."""
         self.config = config
         self.device = device
+        self.page_size = config.resolved_page_size(device)  # typed int, unlike the config field
         self.dtype = config.torch_dtype(self.device)
         self.kv_dtype = config.torch_kv_dtype(self.device)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        check_quantization(config.quantization, self.device, self.dtype)  # before any spawning
-        self._followers = None
-        if config.tp_size > 1:
-            from .tp_workers import init_rank
-
-            self._followers = init_rank(config, self.device)
         for name in (config.attention_backend, config.prefill_attention_backend,
                      config.decode_attention_backend):  # a bad name fails before any loading
             if name:
@@ -120,8 +125,6 @@ class Engine(StepExecutor):
                                    self.device, dummy_page=self.pool.dummy_page)
         self.last_tokens = torch.zeros(config.max_slots, dtype=torch.int64, device=self.device)
         self.graph_runner = self._make_graph_runner()
-        self._inflight: deque[_InFlight] = deque()
-        self._closed = False
         log.info("KV cache: %d pages x %d tokens (%.2f GiB, %s), backend %s, device %s",
                  self.num_pages, self.page_size, self.pool.memory_bytes() / 2**30,
                  str(self.kv_dtype).removeprefix("torch."),
@@ -166,83 +169,20 @@ class Engine(StepExecutor):
         return CudaGraphRunner(model, self.backend, self.pool, cfg.cuda_graph_max_bs,
                                logits=logits)
 
-    # -- StepExecutor -----------------------------------------------------------------------------
-
-    def info(self) -> WorkerInfo:
-        mc = self.model_config
-        return WorkerInfo(
-            model_name=Path(self.config.model_path).name, num_pages=self.num_pages,
-            page_size=self.page_size, max_model_len=self.max_model_len,
-            max_slots=self.config.max_slots, vocab_size=mc.vocab_size,
-            eos_token_ids=list(mc.eos_token_ids), tp_size=self.config.tp_size,
-            device=str(self.device), attention_backend=describe(self.backend),
-            kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."))
-
-    def launch(self, plan: StepPlan) -> None:
-        if self._closed:
-            raise RuntimeError("the engine is closed")
-        self.builder.validate(plan)
-        if self.config.tp_size > 1:
-            dist.broadcast_object(plan)
-        self._inflight.append(self.run_step(plan))
-
-    def collect(self) -> StepOutput:
-        if not self._inflight:
-            raise RuntimeError("collect() without a launched step")
-        f = self._inflight.popleft()
-        if f.done is not None:
-            f.done.synchronize()
-        out = StepOutput(step_id=f.step_id, rids=f.rids)
-        out.forward_ms = (time.perf_counter() - f.started) * 1e3 if f.done else f.host_ms
-        if f.tokens is None:
-            return out
-        out.token_ids = f.tokens.tolist()
-        if f.want_logprobs and f.logprobs is not None:
-            out.logprobs = f.logprobs.tolist()
-            if f.top_ids is not None and f.top_logprobs is not None:
-                out.top_logprobs = [TopLogprobs(i, p) for i, p in
-                                    zip(f.top_ids.tolist(), f.top_logprobs.tolist(), strict=True)]
-        return out
-
-    def step(self, plan: StepPlan) -> StepOutput:
-        """launch + collect (tests, and callers without overlap)."""
-        self.launch(plan)
-        return self.collect()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._inflight.clear()
-        # Graphs go before the TP group: NCCL does not tear down a communicator that a live
-        # graph captured (the followers do the same before they leave, see tp_workers).
+    def release(self) -> None:
+        """Free the device memory this rank holds (CUDA graphs first: NCCL does not tear down a
+        communicator that a live graph captured, so they go before the TP group is left)."""
         if self.graph_runner is not None:
             self.graph_runner.release()
-        # Drop the big tensors now rather than whenever the engine object is collected, so an
+        # Drop the big tensors now rather than whenever this object is collected, so an
         # in-process caller can build the next engine in the memory this one held.
         for name in ("graph_runner", "backend", "model", "pool", "sampler", "last_tokens"):
             setattr(self, name, None)
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        if self._followers is not None:
-            from .tp_workers import stop_followers
-
-            stop_followers(self._followers)
-            self._followers = None
 
     # -- one step on this rank --------------------------------------------------------------------
-
-    def forward_logits(self, plan: StepPlan) -> torch.Tensor:
-        """Run `plan` like a step (KV written, futures read) but return the fp32 logits of every
-        input token, [T, vocab], instead of sampling. For tests and scoring; waits for the
-        result, so do not interleave it with in-flight steps."""
-        if self._inflight:
-            raise RuntimeError("forward_logits with steps in flight")
-        self.builder.validate(plan)
-        if self.config.tp_size > 1:
-            dist.broadcast_object(("logits", plan))
-        return self.run_logits(plan)
 
     @torch.inference_mode()
     def run_logits(self, plan: StepPlan) -> torch.Tensor:
@@ -251,7 +191,7 @@ class Engine(StepExecutor):
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
-    def run_step(self, plan: StepPlan) -> _InFlight:
+    def run_step(self, plan: StepPlan) -> InFlight:
         """Build and queue the step's work on this rank (the plan is already validated)."""
         started = time.perf_counter()
         for r in plan.reqs:  # prefill chunks only: decodes carry nothing the sampler keeps
@@ -262,7 +202,7 @@ class Engine(StepExecutor):
         step = self._upload(plan, pad_for_graph=True)
         rids = step.sample_rids
         if not plan.num_entries:
-            return _InFlight(plan.step_id, [], None, None, None, None, False, None, started, 0.0)
+            return InFlight(plan.step_id, [], None, None, None, None, False, None, started, 0.0)
         out, is_logits = self._forward(step)
         tokens = logprobs = top_ids = top_lp = None
         want = False
@@ -285,7 +225,7 @@ class Engine(StepExecutor):
             done = torch.cuda.Event()
             done.record()
         host_ms = (time.perf_counter() - started) * 1e3
-        return _InFlight(plan.step_id, rids, tokens, logprobs, top_ids, top_lp, want, done,
+        return InFlight(plan.step_id, rids, tokens, logprobs, top_ids, top_lp, want, done,
                          started, host_ms)
 
     def _upload(self, plan: StepPlan, pad_for_graph: bool = False) -> DeviceStep:
@@ -319,4 +259,4 @@ class Engine(StepExecutor):
         return buf.copy_(x, non_blocking=True)
 
 
-__all__ = ["Engine", "EngineConfig", "InvalidPlan"]
+__all__ = ["InFlight", "ModelRunner", "prepare_rank"]

@@ -9,7 +9,7 @@ mirror (a batch without top-p never sorts; one without penalties never reads the
 Order of processing, per row: repetition penalty (HF, prompt + output tokens) -> presence and
 frequency penalties (OpenAI, output tokens only) -> stop tokens masked until min_tokens ->
 greedy argmax, or temperature -> top-k -> top-p -> min-p -> exponential race with hash noise
-keyed by (seed, position, token) (see `sampling_kernels`). A request without a seed gets one drawn
+keyed by (seed, position, token) (see `engine.sampling_ops`). A request without a seed gets one drawn
 from the sampler's global generator when it (re)starts, so it is random across requests but each
 draw is still one formula.
 
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from minisgl_core.sampling import SamplingParams
 
-from . import sampling_kernels as ops
+from . import sampling_ops as ops
 from .grammar import GrammarCompiler, SlotGrammars
 from .logit_bias import SlotBiases
 

@@ -1,4 +1,5 @@
-"""An fp8 GEMM with row-wise scales for decode-sized batches (Triton), used by layers/fp8.py.
+"""An fp8 GEMM with row-wise scales for decode-sized batches (Triton), used by
+layers/fp8_linear.py.
 
 torch._scaled_mm's row-wise kernel reads the weights of a 16-64-row product at ~1.6-1.8 TB/s on
 an H100 (tests/gpu/test_fp8.py). Such a product is memory-bound, so this kernel tiles for
@@ -16,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_kernels import pdl
-from ..triton_kernels.pdl import begin as _pdl_begin
+from . import pdl
+from .pdl import begin as _pdl_begin
 
 # (max rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, ACC_MODE), from a sweep on an
 # H100 (tests/gpu/test_fp8.py --sweep, Qwen3-8B shapes; the four projections of a layer):

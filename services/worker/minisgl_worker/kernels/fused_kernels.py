@@ -6,9 +6,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..triton_kernels.pdl import begin as _pdl_begin
-from ..triton_kernels.pdl import release as _pdl_release
-from ..triton_kernels.pdl import wait as _pdl_wait
+from .pdl import begin as _pdl_begin
+from .pdl import release as _pdl_release
+from .pdl import wait as _pdl_wait
 
 
 @triton.jit

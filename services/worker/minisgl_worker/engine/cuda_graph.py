@@ -27,8 +27,8 @@ from collections.abc import Callable
 import torch
 from minisgl_core.progress import progress
 
-from .attention.base import AttentionBackend, ForwardBatch
-from .kv_pool import KVPool
+from ..attention.base import AttentionBackend, ForwardBatch
+from ..attention.kv_pool import KVPool
 
 log = logging.getLogger(__name__)
 

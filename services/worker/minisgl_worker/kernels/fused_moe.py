@@ -15,7 +15,7 @@ fp8 experts (`--quantization fp8`): w13/w2 hold float8 e4m3 rows with one fp32 s
 (w13_scale [E, 2*I], w2_scale [E, H]); the GEMM inputs are quantized per row too (the hidden
 states per token before step 2, the SiLU-and-mul products per pair before step 3), so both GEMMs
 run on fp8 tensor cores and scale their fp32 sums, the formula of the dense fp8 projections
-(layers/fp8.py). Upcasting fp8 weights to bf16 inside the kernel instead (weight-only) was
+(fp8.py). Upcasting fp8 weights to bf16 inside the kernel instead (weight-only) was
 measured and dropped: at decode batches it read the bytes at ~2.2 TB/s on an H200 against
 bf16's ~3.8, and prefill batches ran at 0.6x bf16 (tests/gpu/test_moe.py --fp8).
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .layers.fp8 import FP8, quantize_rows, reference_product
+from ..fp8 import FP8, quantize_rows, reference_product
 
 # Up to this many (token, k) pairs one program does all of the alignment (one launch instead of
 # four); beyond, per-program work grows with the pairs and the many-program path wins.
@@ -306,7 +306,7 @@ def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 rows, fp32 scale [M]): the Triton kernel on CUDA, the torch formula elsewhere
     (the interpreter's fp32 -> fp8 cast does not round to nearest)."""
     if x.is_cuda:
-        from .layers import fused_ops
+        from . import fused_ops
 
         q, scale = fused_ops.quantize_rows_fp8(x)
     else:

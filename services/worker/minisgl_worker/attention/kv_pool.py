@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import kv_saturation
-from .layers import fused_ops
+from ..config import kv_saturation
+from ..kernels import fused_ops
 
 
 class KVPool:
@@ -70,7 +70,7 @@ class KVPool:
         On CUDA one Triton kernel writes both (two index_put ops cost ~11 us each at decode
         batch 256); a negative loc then stores nothing, where index_put would wrap around."""
         if fused_ops.usable(k) and k.stride(-1) == 1 and v.stride(-1) == 1:
-            from .triton_kernels.store_kv import store_kv  # imports triton: only on this path
+            from ..kernels.store_kv import store_kv  # imports triton: only on this path
 
             store_kv(self.k[layer], self.v[layer], k, v, loc)
             return

@@ -20,7 +20,7 @@ def apply_bitmask(x: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor,
     if n == 0:
         return
     if (use_triton if use_triton is not None else x.is_cuda) and x.stride(1) == 1:
-        from .triton_kernels.grammar import bitmask_kernel
+        from ..kernels.grammar import bitmask_kernel
 
         grid = (n, -(-vocab // _BLOCK))
         bitmask_kernel[grid](x, x.stride(0), rows, bits, bits.stride(0), vocab, BLOCK=_BLOCK)

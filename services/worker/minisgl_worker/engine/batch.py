@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from minisgl_core.step import StepPlan
 
-from .attention.base import ForwardBatch, csr_page_layout
+from ..attention.base import ForwardBatch, csr_page_layout
 
 
 class InvalidPlan(ValueError):

@@ -56,6 +56,12 @@ def token_hashes(vocab_size: int, device: torch.device) -> torch.Tensor:
     return hash32(torch.arange(vocab_size, dtype=torch.int64, device=device) ^ _TOKEN_SALT)
 
 
+def token_hash_table(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """`token_hashes` as int32 bit patterns: the Triton draw's `tok_hash=` table."""
+    h = token_hashes(vocab_size, device)
+    return (h - ((h >> 31) << 32)).to(torch.int32)
+
+
 def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
     """The top 24 of 32 hash bits as a float32 in (0, 1); every step is exact in float32."""
     return ((bits >> 8).to(torch.float32) + 0.5) * (2.0**-24)
@@ -98,7 +104,7 @@ def gumbel_argmax_triton(x: torch.Tensor, seeds: torch.Tensor, positions: torch.
     """Same result as `gumbel_argmax_torch` with row_keys(seeds, positions) (up to the float
     rounding of log on exact near-ties) in one fused pass; CUDA tensors, or CPU tensors under
     TRITON_INTERPRET=1."""
-    from .triton_kernels import sampling as kern
+    from ..kernels import sampling as kern
 
     return kern.gumbel_argmax(x, seeds, positions, num_chunks, temps=temps)
 

@@ -7,17 +7,17 @@ them (thousands of tiny launches per step, even inside a CUDA graph). One kernel
 The layers use them for CUDA tensors; the torch code in norm.py / rotary.py / mlp.py stays the
 reference and the CPU path (tests call these functions directly under TRITON_INTERPRET=1).
 Arithmetic is fp32 inside the kernels, rounded once on store. MINISGL_DISABLE_FUSED_OPS=1 turns
-them off (debugging).
+them off (debugging; env.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from types import ModuleType
 
 import torch
 
+from .. import env
 from ..config import kv_saturation
 
 _HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -25,7 +25,7 @@ _FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # e4m3: 448
 
 
 def usable(x: torch.Tensor) -> bool:
-    return x.is_cuda and _HAVE_TRITON and os.environ.get("MINISGL_DISABLE_FUSED_OPS") != "1"
+    return x.is_cuda and _HAVE_TRITON and not env.SETTINGS.disable_fused_ops
 
 
 def _k() -> ModuleType:
@@ -35,8 +35,8 @@ def _k() -> ModuleType:
 
 
 def _pdl(x: torch.Tensor) -> dict[str, bool]:
-    """Launch keywords for programmatic dependent launch (triton_kernels/pdl.py)."""
-    from ..triton_kernels import pdl
+    """Launch keywords for programmatic dependent launch (kernels/pdl.py)."""
+    from . import pdl
 
     return pdl.options(x)
 
@@ -215,7 +215,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
          w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [1, K] (or [1, 2K] with silu_mul: the [gate | up] row) @ w[N, K].T (+ bias) -> [1, N]
     in x's dtype. w rows may be strided (last dim dense). With w_scale ([N] fp32), w is fp8 and
-    row n is w[n] * w_scale[n] (layers/fp8.py)."""
+    row n is w[n] * w_scale[n] (fp8.py)."""
     n_rows, k = w.shape
     assert x.shape == (1, 2 * k if silu_mul else k) and w.stride(-1) == 1, (x.shape, w.shape)
     out = torch.empty(1, n_rows, dtype=x.dtype, device=x.device)
@@ -236,7 +236,7 @@ def quantize_rows_fp8(x: torch.Tensor, silu_mul: bool = False,
                       qdtype: torch.dtype = torch.float8_e4m3fn
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (or [M, 2K] [gate | up] rows with silu_mul) -> (q [M, K] fp8, scale [M, 1] fp32)
-    with x ~ q * scale per row; the same arithmetic as fp8.quantize_rows (layers/fp8.py).
+    with x ~ q * scale per row; the same arithmetic as fp8.quantize_rows (fp8.py).
     qdtype=float32 keeps q unrounded (e4m3's range still applies): tests check the arithmetic
     that way, as the Triton interpreter's fp32 -> fp8 cast is not round-to-nearest."""
     m, k = x.shape[0], x.shape[1] // 2 if silu_mul else x.shape[1]

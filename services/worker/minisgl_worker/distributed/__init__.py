@@ -1,0 +1,17 @@
+"""Tensor parallelism: the process group and its collectives (process_group.py, what the layers
+use) and the TP rank processes of one host (tp_group.py)."""
+
+from .process_group import (
+    TPState,
+    all_gather_last,
+    all_reduce,
+    broadcast_object,
+    destroy_tp,
+    free_port,
+    init_tp,
+    shard,
+    tp,
+)
+
+__all__ = ["TPState", "all_gather_last", "all_reduce", "broadcast_object", "destroy_tp",
+           "free_port", "init_tp", "shard", "tp"]
