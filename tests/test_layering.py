@@ -47,7 +47,8 @@ WORKER_LAYERS: list[tuple[str, list[str]]] = [
     ("loading", ["minisgl_worker.loader", "minisgl_worker.quantize"]),
     # Engine, ModelRunner, TP followers, plan building, CUDA graphs, sampler
     ("engine", ["minisgl_worker.engine"]),
-    ("service", ["minisgl_worker.server", "minisgl_worker.convert", "minisgl_worker.__main__"]),
+    ("service", ["minisgl_worker.server", "minisgl_worker.convert", "minisgl_worker.step_trace",
+                 "minisgl_worker.__main__"]),
 ]
 
 

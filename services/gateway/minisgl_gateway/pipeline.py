@@ -31,7 +31,7 @@ from minisgl_gateway.discovery import DEFAULT_INTERVAL_S, Discovery
 from minisgl_gateway.engine import Engine, EngineHooks
 from minisgl_gateway.errors import unavailable
 from minisgl_gateway.routing import Router
-from minisgl_gateway.sequence import EventSink, Sequence, StepEvent
+from minisgl_gateway.sequence import EventSink, Sequence, StepEvent, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Pipeline:
         """The client no longer wants these: abort upstream with the next ConnectRequest."""
         by_engine: dict[Engine, list[Sequence]] = {}
         for seq in seqs:
-            if not seq.done and seq.engine is not None:
+            if not seq.done and isinstance(seq.engine, Engine):
                 by_engine.setdefault(seq.engine, []).append(seq)
             seq.end(None)
         for engine, mine in by_engine.items():
@@ -130,7 +130,7 @@ class Pipeline:
             if rid and not any(rid in e.live for e in self.engines.values()):
                 return rid
 
-    def _route(self, seq: Sequence, exclude: Engine | None, reason: str) -> bool:
+    def _route(self, seq: Sequence, exclude: Upstream | None, reason: str) -> bool:
         usable = [e for e in self.engines.values() if e.view.usable and e is not exclude]
         if not usable:
             return False

@@ -7,14 +7,20 @@ import asyncio
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2
 
 from minisgl_gateway.errors import ApiError
 
-if TYPE_CHECKING:
-    from minisgl_gateway.engine import Engine
+
+class Upstream(Protocol):
+    """The engine a sequence runs on (engine.Engine; named here so that this module, below the
+    engine in the import graph, need not import it)."""
+
+    address: str
+
+    def abort(self, rid: int, stop: bool = False) -> None: ...
 
 
 @dataclass(slots=True)
@@ -86,7 +92,7 @@ class Sequence:
     num_tokens: int = 0  # tokens delivered (up to a stop string)
     traceparent: str = ""  # the request's span, for the detokenizer's (empty: not traced)
     request_id: str = ""  # the client's x-request-id, for the detokenizer's log lines
-    engine: Engine | None = None  # where it runs
+    engine: Upstream | None = None  # where it runs
     item: scheduler_pb2.SubmitItem | None = None  # what was submitted: sent again on a retry
     session: str = ""  # sticky-routing key
     retried: bool = False  # moved to another engine once already
