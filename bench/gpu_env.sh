@@ -23,13 +23,16 @@ if [ -d "$here/.whl" ]; then
     #   opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc tqdm  (pure Python)
     python3 -m pip install -q --no-index --find-links "$here/.whl/py" opentelemetry-sdk \
       opentelemetry-exporter-otlp-proto-grpc tqdm >/dev/null 2>&1 || true
+    # Optional: structured outputs (llguidance, one abi3 wheel: pip download --no-deps
+    #   --only-binary=:all: --python-version 3.12 --platform manylinux_2_31_x86_64 llguidance==1.9.1)
+    python3 -m pip install -q --no-index --find-links "$here/.whl/py" llguidance >/dev/null 2>&1 || true
     # Optional: uvicorn uses httptools when present (the gateway declares it), h11 otherwise.
     python3 -m pip install -q --no-index --find-links "$here/.whl/py" httptools >/dev/null 2>&1 || true
     # For tests/gpu (make test-gpu PY=python3), where the image lacks pytest.
     python3 -m pip install -q --no-index --find-links "$here/.whl/py" pytest pytest-timeout >/dev/null 2>&1 || true
   fi
 fi
-export PYTHONPATH="/tmp/site:$here/libs/minisgl_core:$here/libs/minisgl:$here/services/gateway:$here/services/tokenizer:$here/services/scheduler:$here/services/worker${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="/tmp/site:$here/libs/minisgl_core:$here/apps/minisgl:$here/services/gateway:$here/services/tokenizer:$here/services/scheduler:$here/services/worker${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-cache}
