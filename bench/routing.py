@@ -265,11 +265,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _servable(model: str) -> str:
     """A config-only directory (models/configs/*) gets a synthetic tokenizer beside a copy of its
-    config (bench_model_dir), as the other stack benchmarks do."""
+    config (bench.common.model_dir), as the other stack benchmarks do."""
     path = Path(model)
     if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
         return model
-    from bench.bench_model_dir import make
+    from bench.common.model_dir import make
 
     return str(make(model, f"/tmp/minisgl-bench-model-{path.name}"))
 
