@@ -354,8 +354,10 @@ def main(argv: list[str] | None = None) -> int:
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
 def test_attention_backends(kv_cache_dtype: str) -> None:
-    """Every backend, both page sizes, against the fp32 torch reference; graphs equal eager."""
-    assert main(["--kv-cache-dtype", kv_cache_dtype]) == 0
+    """Every backend, both page sizes, against the fp32 torch reference; graphs equal eager. An
+    fp8 cache leaves fa3 out: it refuses fp8 K/V with bf16 activations by design (_check_config)."""
+    backends = "triton,flashinfer,fa3" if kv_cache_dtype == "auto" else "triton,flashinfer"
+    assert main(["--kv-cache-dtype", kv_cache_dtype, "--backends", backends]) == 0
 
 
 if __name__ == "__main__":

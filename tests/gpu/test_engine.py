@@ -143,7 +143,9 @@ def test_engine_matches_transformers(tmp_path: Path) -> None:
         pytest.importorskip("transformers")
         fixtures = tmp_path / "fixtures"
         make(fixtures)
-    assert check(fixtures, ["torch", "triton", "flashinfer"], None) == 0
+    # The fixtures are tiny (head_dim 16) and fp32 runs: FlashInfer serves neither, so it is
+    # checked at the real head dims in bf16 by test_models and test_attention instead.
+    assert check(fixtures, ["torch", "triton"], None) == 0
 
 
 if __name__ == "__main__":
