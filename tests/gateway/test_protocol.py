@@ -13,8 +13,9 @@ from minisgl_gateway.generation import ChoiceChunk, TokenLogprob, Usage
 from minisgl_gateway.grpc_api import chat_job as grpc_chat_job
 from minisgl_gateway.grpc_api import generate_job
 from minisgl_gateway.job import check_job, choice_seed, resolve_max_tokens
+from minisgl_gateway.json_body import parse_json
 from minisgl_gateway.openai_format import DONE, Formatter
-from minisgl_gateway.openai_schema import build_job, parse_json
+from minisgl_gateway.openai_schema import build_job
 
 LIMITS = Limits()
 CTX, VOCAB = 2048, 1000

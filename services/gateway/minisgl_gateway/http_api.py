@@ -26,8 +26,9 @@ from minisgl_gateway.errors import ApiError, invalid
 from minisgl_gateway.gateway import Gateway
 from minisgl_gateway.generation import Generation
 from minisgl_gateway.job import Job
+from minisgl_gateway.json_body import context_body_limit
 from minisgl_gateway.openai_format import DONE, Formatter, error_event, model_card
-from minisgl_gateway.openai_schema import context_body_limit, parse_request
+from minisgl_gateway.openai_schema import parse_request
 from minisgl_gateway.request_context import RequestContextMiddleware
 from minisgl_gateway.token_routes import add_token_routes
 

@@ -17,7 +17,8 @@ from pydantic import BaseModel
 
 from minisgl_gateway.errors import from_upstream, invalid
 from minisgl_gateway.gateway import Gateway
-from minisgl_gateway.openai_schema import _STRICT, Message, _message, parse_body, parse_json
+from minisgl_gateway.json_body import parse_json
+from minisgl_gateway.openai_schema import _STRICT, Message, _message, parse_body
 
 
 class TokenizeBody(BaseModel):
