@@ -38,6 +38,8 @@ from pathlib import Path
 from minisgl.launcher import Stack, StackConfig, free_port
 from minisgl_core.serving import wait_for_health
 
+from bench.common.stream_clients import grpc_request
+
 LOG_DIR = Path("/tmp/minisgl-bench-routing")
 
 
@@ -64,24 +66,9 @@ class Workload:
 
 async def _one(stub: object, pb: object, prompt: list[int], output_len: int,
                sem: asyncio.Semaphore) -> tuple[bool, float, int, str]:
-    from minisgl_core.proto.minisgl.v1 import common_pb2
-
-    request = pb.GenerateRequest(  # type: ignore[attr-defined]
-        token_ids=common_pb2.TokenIds(ids=prompt),
-        sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=output_len,
-                                           ignore_eos=True))
     async with sem:
-        start = time.perf_counter()
-        ttft, tokens = 0.0, 0
-        try:
-            async for msg in stub.GenerateStream(request):  # type: ignore[attr-defined]
-                if msg.choices and msg.choices[0].token_ids:
-                    if not ttft:
-                        ttft = time.perf_counter() - start
-                    tokens += len(msg.choices[0].token_ids)
-        except Exception as exc:
-            return False, ttft, tokens, repr(exc)[:200]
-    return True, ttft, tokens, ""
+        r = await grpc_request(stub, pb, prompt, output_len, temperature=0.0)
+    return r.ok, r.ttft, r.output_tokens, r.error[:200]
 
 
 async def _drive(target: str, prompts: list[list[int]], output_len: int,

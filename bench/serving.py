@@ -29,19 +29,10 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-
-@dataclass
-class Result:
-    ok: bool
-    output_tokens: int = 0
-    ttft: float = 0.0
-    itls: list[float] = field(default_factory=list)
-    latency: float = 0.0
-    error: str = ""
+from bench.common.stream_clients import Result, grpc_request, http_request, httpx_events
 
 
 def build_workload(kind: str, n: int, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -54,72 +45,6 @@ def build_workload(kind: str, n: int, seed: int = 0) -> list[tuple[list[int], in
     system = [rng.randint(0, 10000) for _ in range(512)]
     return [(system + [rng.randint(0, 10000) for _ in range(rng.randint(16, 128))],
              rng.randint(64, 256)) for _ in range(n)]
-
-
-async def httpx_events(client, url: str, body: dict) -> AsyncIterator[dict]:
-    """sse_client.stream_events through httpx (`--http-client httpx`: the `openai` client's
-    transport, ~66 µs of client CPU a token)."""
-    from bench.common.sse_client import HttpError
-
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
-        if reply.status_code != 200:
-            raise HttpError(reply.status_code, await reply.aread())
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            yield json.loads(line[6:])
-
-
-async def http_request(events: Callable[[dict], AsyncIterator[dict]], model: str,
-                       prompt: list[int], max_tokens: int) -> Result:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0.6, "stream": True, "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    last, res = start, Result(ok=False)
-    try:
-        async for chunk in events(body):
-            if "error" in chunk:  # the gateway ends a failed stream with an OpenAI error event
-                raise RuntimeError(f"error event: {chunk['error']}")
-            if chunk.get("usage"):
-                res.output_tokens = chunk["usage"]["completion_tokens"]
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                now = time.perf_counter()
-                if res.ttft == 0.0:
-                    res.ttft = now - start
-                else:
-                    res.itls.append(now - last)
-                last = now
-        res.ok, res.latency = True, time.perf_counter() - start
-    except Exception as exc:  # a benchmark counts errors; it does not stop on them
-        res.error = (f"{exc!r} after {time.perf_counter() - start:.2f}s, "
-                     f"{'after' if res.ttft else 'before'} the first token")
-    return res
-
-
-async def grpc_request(stub, pb, prompt: list[int], max_tokens: int) -> Result:
-    from minisgl_core.proto.minisgl.v1 import common_pb2
-
-    request = pb.GenerateRequest(
-        token_ids=common_pb2.TokenIds(ids=prompt),
-        sampling=common_pb2.SamplingParams(temperature=0.6, max_tokens=max_tokens,
-                                           ignore_eos=True))
-    start = time.perf_counter()
-    last, res = start, Result(ok=False)
-    try:
-        async for msg in stub.GenerateStream(request):
-            now = time.perf_counter()
-            if msg.choices and msg.choices[0].token_ids:
-                if res.ttft == 0.0:
-                    res.ttft = now - start
-                else:
-                    res.itls.append(now - last)
-                last = now
-            if msg.HasField("usage") and msg.usage.completion_tokens:
-                res.output_tokens = msg.usage.completion_tokens
-        res.ok, res.latency = True, time.perf_counter() - start
-    except Exception as exc:
-        res.error = repr(exc)
-    return res
 
 
 async def _drive(args, workload: list[tuple[list[int], int]], url: str, target: str
