@@ -122,15 +122,18 @@ class Detokenizing:
         if batch:
             await self._send(request, batch)
 
-    def flush(self, seqs: list[Sequence]) -> None:
-        """Forget the detokenizer state of these (their engine is gone)."""
+    def flush(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Forget the detokenizer state of these (their engine is gone); the sequences whose
+        flush was sent (its answer comes after every earlier answer for them)."""
         flush: Batch = [(s, None) for s in seqs if s.detok_started]
-        if flush and self._call is not None and not self.closing:
-            request = detokenizer_pb2.DetokenizeRequest(updates=[
-                detokenizer_pb2.DetokenizeUpdate(rid=s.rid, finished=True) for s, _ in flush])
-            task = asyncio.create_task(self._send(request, flush))
-            self._flushes.add(task)
-            task.add_done_callback(self._flushes.discard)
+        if not flush or self._call is None or self.closing:
+            return []
+        request = detokenizer_pb2.DetokenizeRequest(updates=[
+            detokenizer_pb2.DetokenizeUpdate(rid=s.rid, finished=True) for s, _ in flush])
+        task = asyncio.create_task(self._send(request, flush))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+        return [s for s, _ in flush]
 
     def _final_event(self, seq: Sequence, update: scheduler_pb2.TokenUpdate,
                      text: str) -> StepEvent:
@@ -185,6 +188,8 @@ class Detokenizing:
         for (seq, update), delta in zip(batch, deltas, strict=True):
             if update is None:
                 seq.detok_started = False  # that update told the detokenizer to forget it
+                if seq.lost is not None and not seq.done:
+                    seq.end(StepEvent(index=seq.index, finish_reason="error", error=seq.lost))
                 continue
             finish = update.finish_reason
             if finish:

@@ -161,15 +161,18 @@ class Pipeline:
     def _on_lost(self, engine: Engine, seqs: list[Sequence], reason: str) -> None:
         error = unavailable(f"lost the connection to the scheduler at {engine.address} "
                             f"({reason})", self._retry_after)
-        moved = 0
-        for seq in seqs:
-            if self._retry(seq):
-                moved += 1
-            elif not seq.done:
+        stranded = [seq for seq in seqs if not self._retry(seq)]
+        if len(stranded) < len(seqs):
+            log.warning("moved %d sequences off scheduler %s", len(seqs) - len(stranded),
+                        engine.address)
+        flushed = {id(s) for s in self.detok.flush([s for s in seqs if s.engine is engine])}
+        for seq in stranded:
+            if seq.done:
+                continue
+            if id(seq) in flushed:  # its first tokens may still be on their way to the client
+                seq.lost = error
+            else:
                 seq.end(StepEvent(index=seq.index, finish_reason="error", error=error))
-        if moved:
-            log.warning("moved %d sequences off scheduler %s", moved, engine.address)
-        self.detok.flush([s for s in seqs if s.engine is engine])
 
     async def _on_step(self, engine: Engine, response: scheduler_pb2.ConnectResponse) -> None:
         await self.detok.on_step(engine, response)

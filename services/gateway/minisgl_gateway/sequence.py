@@ -96,6 +96,9 @@ class Sequence:
     item: scheduler_pb2.SubmitItem | None = None  # what was submitted: sent again on a retry
     session: str = ""  # sticky-routing key
     retried: bool = False  # moved to another engine once already
+    # Its engine was lost after its first tokens went to the detokenizer: it ends with this error
+    # once the detokenizer has answered for it, so the tokens from before the loss come first.
+    lost: ApiError | None = None
 
     def end(self, event: StepEvent | None) -> None:
         if self.done:
