@@ -37,10 +37,20 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on now and that this process has not handed out before: two
+    services of one stack must never share one (gRPC servers bind with SO_REUSEPORT, so both
+    would start and split the connections between them)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def _die_with_parent() -> None:
