@@ -24,6 +24,8 @@ def main() -> int:
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--disable-custom-all-reduce", action="store_true",
+                   help="TP: every all-reduce through NCCL (the before of an A/B)")
     p.add_argument("--quantization", default="none", choices=["none", "fp8"])
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--decode-tokens", type=int, default=512)
@@ -34,10 +36,11 @@ def main() -> int:
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
 
+    extra = {"disable_custom_all_reduce": True} if args.disable_custom_all_reduce else {}
     llm = LLM(args.model, load_format=args.load_format, tp_size=args.tp_size,
               attention_backend=args.attention_backend,
               disable_cuda_graph=args.disable_cuda_graph, cache="naive",
-              quantization=args.quantization)
+              quantization=args.quantization, **extra)
     rng = random.Random(0)
     prompt = [rng.randint(0, 10000) for _ in range(args.prompt_len)]
     greedy = dict(temperature=0.0, ignore_eos=True)
@@ -57,6 +60,7 @@ def main() -> int:
 
     record = {"model": Path(args.model).name, "tp": args.tp_size,
               "backend": args.attention_backend, "cuda_graph": not args.disable_cuda_graph,
+              "custom_all_reduce": args.tp_size > 1 and not args.disable_custom_all_reduce,
               "quantization": args.quantization,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "ttft_ms_1k": round(1000 * statistics.median(ttfts), 2),

@@ -14,6 +14,7 @@ its imports would pause the step loop for tens of ms); `close()` hands them back
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,10 @@ class LLM:
             self.engine.close()
             raise
         self._next_rid = 0
+        # Closed when this object goes or the interpreter exits, whichever comes first: a script
+        # that never calls close() otherwise left its TP ranks to find rank 0 gone ("Connection
+        # closed by peer" from each of them).
+        weakref.finalize(self, self.engine.close)
         freeze_startup_objects()
 
     def encode(self, text: str) -> list[int]:

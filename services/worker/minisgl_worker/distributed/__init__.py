@@ -11,7 +11,8 @@ from .process_group import (
     init_tp,
     shard,
     tp,
+    use_fast_all_reduce,
 )
 
 __all__ = ["TPState", "all_gather_last", "all_reduce", "broadcast_object", "destroy_tp",
-           "free_port", "init_tp", "shard", "tp"]
+           "free_port", "init_tp", "shard", "tp", "use_fast_all_reduce"]

@@ -15,12 +15,18 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
+
+
+class FastAllReduce(Protocol):
+    def supports(self, x: torch.Tensor) -> bool: ...
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
 
 @dataclass
 class TPState:
@@ -28,6 +34,9 @@ class TPState:
     size: int = 1
     group: Any = None  # model collectives (NCCL on GPU, gloo on CPU)
     cpu_group: Any = None  # gloo: plan broadcast
+    # A faster in-place all-reduce for the messages it `supports` (kernels/all_reduce.py's
+    # one-shot over CUDA IPC), installed by the engine layer once the group exists.
+    fast_all_reduce: FastAllReduce | None = None
 
 
 _TP = TPState()
@@ -107,8 +116,17 @@ def shard(n: int, what: str) -> int:
     return n // size
 
 
+def use_fast_all_reduce(fast: FastAllReduce | None) -> None:
+    """Route the all-reduces `fast` supports through it (None: NCCL/gloo for all)."""
+    _TP.fast_all_reduce = fast
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sum x over the TP ranks, in place (returns x)."""
     if _TP.size > 1:
+        fast = _TP.fast_all_reduce
+        if fast is not None and fast.supports(x):
+            return fast(x)
         dist.all_reduce(x, group=_TP.group)
     return x
 

@@ -1,7 +1,7 @@
 """A TP rank other than 0: `python -m minisgl_worker.engine.follower CONFIG_JSON LOG_LEVEL`
 (spawned by rank 0's TPGroup), or `python -m minisgl_worker --tp-rank K --dist-init-method ...`
 (started by hand). It joins the group, builds its ModelRunner and loops: receive a plan
-broadcast by rank 0, run it, wait for it, repeat; a `None` plan means shut down.
+broadcast by rank 0, queue it, wait for the step before it, repeat; a `None` plan means shut down.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from minisgl_core.gc_pause import freeze_startup_objects, thaw
 from .. import distributed as dist
 from ..config import EngineConfig
 from ..distributed.tp_group import TPGroup
-from .runner import ModelRunner, prepare_rank
+from .runner import InFlight, ModelRunner, prepare_rank
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,11 @@ def follower_main(config: EngineConfig, log_level: int = logging.INFO) -> None:
     TPGroup.join(config, device)
     runner = ModelRunner(config, device)
     freeze_startup_objects()  # as rank 0's ServiceHost does: a pause here stalls every rank
+    # The step launched before the current one. This rank waits for a step only after queueing
+    # the next, as rank 0 does (overlap): waiting right after each launch left its GPU idle
+    # while it received and uploaded the next plan, and rank 0's first all-reduce of that step
+    # waited for it (at batch 1, a large share of a step).
+    pending: InFlight | None = None
     try:
         while True:
             plan = dist.broadcast_object(None)
@@ -39,8 +44,9 @@ def follower_main(config: EngineConfig, log_level: int = logging.INFO) -> None:
                     runner.run_logits(plan[1])
                     continue
                 f = runner.run_step(plan)
-                if f.done is not None:
-                    f.done.synchronize()
+                if pending is not None and pending.done is not None:
+                    pending.done.synchronize()
+                pending = f
             except Exception:  # rank 0 fails the step too; keep serving the next plans
                 log.exception("rank %d: step %s failed", config.tp_rank, plan.step_id)
     finally:

@@ -100,6 +100,12 @@ class ModelRunner:
         log.info("model %s loaded (%s, %s, quantization %s) in %.1fs", mc.architecture,
                  self.dtype, load_format, config.quantization, time.perf_counter() - t0)
         tp = config.tp_size
+        if tp > 1 and device.type == "cuda" and not config.disable_custom_all_reduce:
+            from ..kernels.all_reduce import OneShotAllReduce  # Triton: CUDA builds only
+
+            # Before the KV cache is sized: its buffers (a few MiB) come out of the budget.
+            dist.use_fast_all_reduce(OneShotAllReduce.create(
+                config.tp_rank, tp, dist.tp().cpu_group, device))
         heads, kv_heads = dist.shard(mc.num_heads, "heads"), dist.shard(mc.num_kv_heads, "kv heads")
         self.num_pages = self._size_kv(kv_heads)
         self.max_pages_per_seq = -(-self.max_model_len // self.page_size)
@@ -162,12 +168,10 @@ class ModelRunner:
             log.info("CUDA graphs: no runner in this build; running eagerly")
             return None
         model = self.model
-        # The LM head runs inside the graph: one launch less per step, and fixed GEMM shapes.
-        # Not with TP yet: its all-gather inside a graph has not been run on the GPUs.
-        logits = None if cfg.tp_size > 1 else (
-            lambda hidden: model.compute_logits(hidden, fp32=False))
+        # The LM head runs inside the graph (with TP, its all-gather too): launches spared per
+        # step, and fixed GEMM shapes.
         return CudaGraphRunner(model, self.backend, self.pool, cfg.cuda_graph_max_bs,
-                               logits=logits)
+                               logits=lambda hidden: model.compute_logits(hidden, fp32=False))
 
     def release(self) -> None:
         """Free the device memory this rank holds (CUDA graphs first: NCCL does not tear down a
@@ -178,6 +182,9 @@ class ModelRunner:
         # in-process caller can build the next engine in the memory this one held.
         for name in ("graph_runner", "backend", "model", "pool", "sampler", "last_tokens"):
             setattr(self, name, None)
+        # The IPC mappings of the other ranks' buffers go now, while those ranks still live
+        # (an owner that exits first makes PyTorch warn about tensors still shared).
+        dist.use_fast_all_reduce(None)
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -1,0 +1,178 @@
+"""One-shot all-reduce over CUDA IPC peer buffers, for the small messages of TP decode.
+
+Why: a TP decode step all-reduces twice per layer (after attention's and the MLP's row-parallel
+projections), a few KB at batch 1 and a few MB at batch 256. NCCL's latency for such messages
+(~10-20 us with NVLink multicast off, as it must stay on these machines) is paid 2 x layers times a
+step. Here one kernel does it: every rank stores its input into its slot of every rank's IPC-mapped
+buffer (push; or, pull, into its own buffer for the others to load over NVLink), meets the same
+program of every other rank at a flag barrier, then sums the slots (fp32, rank order: every rank
+gets bit-identical sums, which TP sampling needs).
+Message sizes past `max_bytes` and shapes it does not take go to NCCL (`supports`).
+
+Synchronisation, per program id (the grid and the element ranges are the same on every rank,
+because every rank runs the same collectives on the same shapes):
+- epoch = that program's launch count (a counter in device memory, so CUDA graph replays count);
+  each buffer has two halves used alternately by epoch parity;
+- after the copy, `bar.sync` then a system-scope release store of `epoch` into each peer's flag
+  slot [program, my rank]; then acquire-spin on this rank's slots [program, peer] until >= epoch;
+- two halves are enough: a rank writes (anywhere) the half of epoch e+2 only after passing
+  barrier e+1, which its peers enter only after they finished reading epoch e.
+All programs must be resident at once (a spinning program waits for another GPU, never for a
+program of its own grid that is not scheduled), so the grid is capped at `MAX_PROGRAMS`.
+No NVLink multicast, no NVSHMEM: plain peer loads and stores.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ..distributed.peer_buffers import PeerBuffers, exchange, peer_access_ok
+
+log = logging.getLogger(__name__)
+
+MAX_PROGRAMS = 128  # <= the SM count: every program resident
+BLOCK = 1024  # elements a program moves per iteration (8 per thread at 4 warps: 16 B for bf16)
+# Larger messages go to NCCL: on 2 H200s the pull kernel beat NCCL up to 2 MiB (23 vs 36 us),
+# tied at 4 MiB and lost at 8 MiB (bench/micro/all_reduce.py).
+DEFAULT_MAX_BYTES = 2 << 20
+# One-shot reads world x the message on each rank: past 2 ranks keep it to small messages.
+MAX_BYTES_PAST_TWO = 512 << 10
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _rank_delta(r: tl.constexpr, d0, d1, d2, d3, d4, d5, d6, d7):
+    # Scalar arguments, not a pointer table: Triton then knows every buffer is 16-byte aligned
+    # (it specialises integer arguments divisible by 16) and vectorises the peer loads.
+    if r == 0:
+        d = d0
+    elif r == 1:
+        d = d1
+    elif r == 2:
+        d = d2
+    elif r == 3:
+        d = d3
+    elif r == 4:
+        d = d4
+    elif r == 5:
+        d = d5
+    elif r == 6:
+        d = d6
+    else:
+        d = d7
+    return d
+
+
+@triton.jit
+def _one_shot_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, flag_ptrs,
+                         counter_ptr, n, slot, rank, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                         PUSH: tl.constexpr):
+    # buf_ptr: this rank's buffer (x's dtype); rank r's buffer, as mapped here: buf_ptr + d_r.
+    # A buffer is [2 epoch parities][WORLD slots][slot elements]. PUSH: each rank stores its
+    # input into slot `rank` of every rank's buffer (remote stores are posted, so many are in
+    # flight at once), then sums its own buffer's slots with local loads. Pull: each rank
+    # stores into slot 0 of its own buffer and loads every peer's slot 0 over NVLink.
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = tl.load(counter_ptr + pid) + 1
+    base = (epoch % 2) * WORLD * slot
+    cols = tl.arange(0, BLOCK)
+    for start in range(pid * BLOCK, n, nprog * BLOCK):
+        offs = tl.multiple_of(start, BLOCK) + cols
+        m = offs < n
+        v = tl.load(x_ptr + offs, mask=m)
+        if PUSH:
+            for r in tl.static_range(WORLD):
+                dst = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
+                tl.store(dst + rank * slot + offs, v, mask=m)
+        else:
+            tl.store(buf_ptr + base + offs, v, mask=m)
+    # Every thread's copy is done before the flags say so (release is cumulative over bar.sync).
+    tl.debug_barrier()
+    for r in tl.static_range(WORLD):
+        if r != rank:
+            peer_flags = tl.load(flag_ptrs + r).to(tl.pointer_type(tl.int32))
+            tl.atomic_xchg(peer_flags + pid * WORLD + rank, epoch, sem="release", scope="sys")
+    my_flags = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
+    for r in tl.static_range(WORLD):
+        if r != rank:
+            seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire", scope="sys")
+            while seen < epoch:
+                seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire", scope="sys")
+    tl.debug_barrier()
+    tl.store(counter_ptr + pid, epoch)
+    for start in range(pid * BLOCK, n, nprog * BLOCK):
+        offs = tl.multiple_of(start, BLOCK) + cols
+        m = offs < n
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for r in tl.static_range(WORLD):
+            if PUSH:
+                src = buf_ptr + base + r * slot
+            else:
+                src = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
+            # .cg: past L1, whose lines may hold this half from two epochs ago.
+            acc += tl.load(src + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(x_ptr + offs, acc.to(x_ptr.dtype.element_ty), mask=m)
+
+
+class OneShotAllReduce:
+    """In-place sum of a tensor over the TP ranks. Build with `create` (collective)."""
+
+    def __init__(self, data: PeerBuffers, flags: PeerBuffers, rank: int, world: int,
+                 max_bytes: int, push: bool = True) -> None:
+        self.data, self.flags = data, flags
+        self.rank, self.world = rank, world
+        self.max_bytes = max_bytes
+        self.push = push
+        self.counter = torch.zeros(MAX_PROGRAMS, dtype=torch.int32, device=data.local.device)
+        self._by_dtype: dict[torch.dtype, tuple[torch.Tensor, list[int]]] = {}
+
+    @classmethod
+    def create(cls, rank: int, world: int, cpu_group: Any, device: torch.device,
+               max_bytes: int = DEFAULT_MAX_BYTES, push: bool = True) -> OneShotAllReduce | None:
+        """Every rank calls this together; None (every rank alike) where peer access is missing."""
+        ok = torch.tensor([1 if device.type == "cuda" and peer_access_ok(world) else 0])
+        torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN, group=cpu_group)
+        if not int(ok.item()):
+            log.info("custom all-reduce off: the GPUs lack peer access; NCCL does every reduce")
+            return None
+        if world > 8:
+            log.info("custom all-reduce off: it takes up to 8 GPUs; NCCL does every reduce")
+            return None
+        if world > 2:
+            max_bytes = min(max_bytes, MAX_BYTES_PAST_TWO)
+        data = exchange(2 * world * max_bytes, rank, world, cpu_group, device)
+        flags = exchange(MAX_PROGRAMS * world * 4, rank, world, cpu_group, device)
+        return cls(data, flags, rank, world, max_bytes, push)
+
+    def supports(self, x: torch.Tensor) -> bool:
+        return (x.is_cuda and x.dtype in _DTYPES and x.is_contiguous()
+                and x.numel() * x.element_size() <= self.max_bytes)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel()
+        if n == 0:
+            return x
+        buf, deltas = self._views(x.dtype)
+        slot = self.max_bytes // x.element_size()  # elements
+        grid = (min(MAX_PROGRAMS, triton.cdiv(n, BLOCK)),)
+        _one_shot_all_reduce[grid](x, buf, *deltas, self.flags.ptrs, self.counter, n, slot,
+                                   self.rank, WORLD=self.world, BLOCK=BLOCK, PUSH=self.push,
+                                   num_warps=4)
+        return x
+
+    def _views(self, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+        """This rank's buffer as `dtype`, and every rank's buffer as an element offset from it."""
+        got = self._by_dtype.get(dtype)
+        if got is None:
+            size = torch.empty((), dtype=dtype).element_size()
+            own = self.data.local.data_ptr()
+            deltas = [(p - own) // size for p in self.data.addresses]
+            deltas += [0] * (8 - len(deltas))
+            got = self._by_dtype[dtype] = (self.data.local.view(dtype), deltas)
+        return got
