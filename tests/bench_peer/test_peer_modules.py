@@ -137,3 +137,24 @@ def test_missing_site_is_a_message(module: str, tmp_path: Path) -> None:
                           timeout=120)
     assert proc.returncode == 2
     assert "no vLLM at --vllm-site" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_serving_drives_the_server_with_our_client(site: Path, tmp_path: Path) -> None:
+    """Against the fake server (empty text, token ids, as vLLM without a tokenizer streams):
+    every request of bench.serving's workload and warm-up arrives once, every token is counted,
+    and the hit rate comes from the /metrics counters' change over the timed load."""
+    (rec,), seen = _peer("bench.peer.serving", site, tmp_path / "log", "--num-requests", "12",
+                         "--concurrency", "4", "--workload", "generated-shared-prefix",
+                         "--server-log", str(tmp_path / "server.log"))
+    bodies = [x["body"] for x in seen]
+    warm = list(zip(*bench.offline.warm_up_requests(), strict=True))
+    work = bench.serving.build_workload("generated-shared-prefix", 12, vocab=4096)
+    sent = sorted((b["prompt"], b["max_tokens"]) for b in bodies)
+    assert sent == sorted([*warm, *work])
+    assert all(b["return_token_ids"] and b["ignore_eos"] and b["stream"] for b in bodies)
+    assert (rec["bench"], rec["engine"], rec["requests"], rec["errors"]) == \
+        ("serving", "vllm", 12, 0)
+    assert rec["workload"] == "generated-shared-prefix" and rec["protocol"] == "http"
+    assert rec["output_tok_s"] > 0 and rec["ttft_p50_ms"] > 0
+    assert rec["itl_p50_ms"] is not None
+    assert rec["hit_rate"] == 0.5  # the fake counts half of each timed prompt (2,176 ids) a hit
