@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from bench.common.prefix_cache import counters, hit_rate
 from bench.common.stream_clients import Result, grpc_request, http_request, httpx_events
 
 
@@ -320,6 +321,16 @@ def _tp_size(worker_args: str) -> int:
     return 1
 
 
+def _scheduler_metrics_urls(stack: object) -> list[str]:
+    """Every scheduler's /metrics of a launched stack (none without --launch or metrics)."""
+    if stack is None:
+        return []
+    ports = stack.metrics_ports  # type: ignore[attr-defined]
+    keys = [stack.engine_key("scheduler", i)  # type: ignore[attr-defined]
+            for i in range(stack.engines)]  # type: ignore[attr-defined]
+    return [f"http://127.0.0.1:{ports[k]}/metrics" for k in keys if ports.get(k)]
+
+
 def _run_stack(args, levels: list[int], workload, record: dict, otel: str) -> list[dict]:
     """Launch a stack (with --launch; tracing per `otel`), run each load level, stop it."""
     stack = sink = None
@@ -366,7 +377,13 @@ def _run_stack(args, levels: list[int], workload, record: dict, otel: str) -> li
 
                 scraper = Scraper(stack_metrics_urls(stack.http_url, stack.metrics_ports),
                                   args.scrape_interval).start()
+            cache_urls = _scheduler_metrics_urls(stack)
+            before = [counters(u, "minisgl") for u in cache_urls]
             rec = {**record, **asyncio.run(run_load(args, workload, args.url, args.grpc_target))}
+            if cache_urls:  # prefix-cache hit rate over this load, as bench.peer.serving's
+                after = [counters(u, "minisgl") for u in cache_urls]
+                rec["hit_rate"] = hit_rate(tuple(map(sum, zip(*before, strict=True))),
+                                           tuple(map(sum, zip(*after, strict=True))))
             if scraper is not None:
                 rec.update(scraper.stop())
             samples = rec.pop("samples")

@@ -104,17 +104,3 @@ class Server:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-
-def prefix_cache_counters(url: str) -> tuple[float, float]:
-    """(hit tokens, queried tokens) from vLLM's /metrics, summed over engines; (0, 0) if absent."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    hits = queries = 0.0
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"):
-            hits += float(line.rsplit(" ", 1)[1])
-        elif name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"):
-            queries += float(line.rsplit(" ", 1)[1])
-    return hits, queries

@@ -18,8 +18,9 @@ import asyncio
 import sys
 from pathlib import Path
 
+from bench.common.prefix_cache import counters, hit_rate
 from bench.peer.engine import add_engine_args, base_record, engine_kwargs
-from bench.peer.server import Server, prefix_cache_counters
+from bench.peer.server import Server
 from bench.peer.vllm_env import add_common_args, check_site, emit, site_version
 from bench.serving import build_workload, model_vocab, run_load, warm_up_stack
 
@@ -64,15 +65,14 @@ def main() -> int:
     server = make_server(args, site).start(args.startup_timeout)
     try:
         asyncio.run(warm_up_stack(args, server.url, ""))
-        hits0, queries0 = prefix_cache_counters(server.url)
+        before = counters(f"{server.url}/metrics", "vllm")
         result = asyncio.run(run_load(args, workload, server.url, ""))
-        hits1, queries1 = prefix_cache_counters(server.url)
+        after = counters(f"{server.url}/metrics", "vllm")
     finally:
         server.stop()
     result.pop("samples")
-    queries = queries1 - queries0
     emit({**base_record(site_version(site), args, "serving"), **result,
-          "hit_rate": round((hits1 - hits0) / queries, 4) if queries else None}, args.json)
+          "hit_rate": hit_rate(before, after)}, args.json)
     return 0
 
 
