@@ -46,12 +46,12 @@ def engine_kwargs(args: argparse.Namespace, max_model_len: int,
 
 def base_record(version: str, args: argparse.Namespace, bench: str) -> dict[str, Any]:
     """The keys every peer line shares (named as in ours, for bench.peer.compare)."""
-    from bench.peer.vllm_env import device_name
+    from bench.peer.vllm_env import device_name, flashinfer_visible
 
     return {"bench": bench, "engine": "vllm", "version": version,
             "model": Path(args.model).name, "tp": args.tp, "device": device_name(),
             "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
-            "cuda_graph": not args.enforce_eager}
+            "cuda_graph": not args.enforce_eager, "flashinfer_on_path": flashinfer_visible()}
 
 
 def make_llm(args: argparse.Namespace, max_model_len: int, **overrides: Any) -> Any:

@@ -81,6 +81,13 @@ def import_vllm(site: str) -> Any:
     return vllm
 
 
+def flashinfer_visible(env: dict[str, str] | None = None) -> bool:
+    """Whether vLLM's processes can import a FlashInfer (bench/gpu_env.sh puts ours, 0.6.4, on
+    PYTHONPATH; the carried site has none): recorded, since vLLM may pick kernels from it."""
+    paths = [*(env or os.environ).get("PYTHONPATH", "").split(os.pathsep), *sys.path]
+    return any(p and (Path(p) / "flashinfer" / "__init__.py").is_file() for p in paths)
+
+
 def device_name() -> str:
     import torch
 
