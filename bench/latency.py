@@ -17,6 +17,12 @@ from pathlib import Path
 from bench.common.roofline import ModelShape, measure_hbm_bandwidth
 
 
+def latency_prompt(prompt_len: int) -> list[int]:
+    """The one prompt every request sends (bench.peer.latency sends vLLM the same)."""
+    rng = random.Random(0)
+    return [rng.randint(0, 10000) for _ in range(prompt_len)]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
@@ -41,8 +47,7 @@ def main() -> int:
               attention_backend=args.attention_backend,
               disable_cuda_graph=args.disable_cuda_graph, cache="naive",
               quantization=args.quantization, **extra)
-    rng = random.Random(0)
-    prompt = [rng.randint(0, 10000) for _ in range(args.prompt_len)]
+    prompt = latency_prompt(args.prompt_len)
     greedy = dict(temperature=0.0, ignore_eos=True)
     llm.generate([prompt], SamplingParams(max_tokens=4, **greedy))  # warm-up
     ttfts, decode_rates = [], []
@@ -58,8 +63,9 @@ def main() -> int:
 
     import torch
 
-    record = {"model": Path(args.model).name, "tp": args.tp_size,
-              "backend": args.attention_backend, "cuda_graph": not args.disable_cuda_graph,
+    record = {"bench": "latency", "engine": "minisgl", "model": Path(args.model).name,
+              "tp": args.tp_size, "backend": args.attention_backend,
+              "cuda_graph": not args.disable_cuda_graph,
               "custom_all_reduce": args.tp_size > 1 and not args.disable_custom_all_reduce,
               "quantization": args.quantization,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

@@ -31,6 +31,12 @@ def workload(num_seqs: int = 256, max_input: int = 1024, max_output: int = 1024,
     return prompts, outputs
 
 
+def warm_up_requests() -> tuple[list[list[int]], list[int]]:
+    """The warm-up's prompts and max_tokens (bench.peer.offline sends vLLM the same)."""
+    prompts, _ = workload(32, seed=1)
+    return prompts, [1 + i % 16 for i in range(32)]
+
+
 def warm_up(llm: Any, temperature: float) -> None:
     """Run 32 other prompts of the workload's shape (no prefix in common with the timed ones):
     JIT-compiled kernel variants that only long prefill chunks and shrinking batches reach would
@@ -38,9 +44,9 @@ def warm_up(llm: Any, temperature: float) -> None:
     the next)."""
     from minisgl_core.sampling import SamplingParams
 
-    prompts, _ = workload(32, seed=1)
+    prompts, max_tokens = warm_up_requests()
     llm.generate(prompts, [SamplingParams(temperature=temperature, ignore_eos=True,
-                                          max_tokens=1 + i % 16) for i in range(32)])
+                                          max_tokens=n) for n in max_tokens])
 
 
 def main() -> int:
@@ -125,7 +131,8 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
     on_gpu = torch.cuda.is_available()
     bw = args.hbm_tbps * 1e12 if args.hbm_tbps else (measure_hbm_bandwidth() if on_gpu else 0)
     record = {
-        "model": Path(args.model).name, "tp": args.tp_size, "backend": args.attention_backend,
+        "bench": "offline", "engine": "minisgl", "model": Path(args.model).name,
+        "tp": args.tp_size, "backend": args.attention_backend,
         "decode_backend": args.decode_attention_backend,
         "overlap": not args.disable_overlap, "cache": args.cache,
         "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,

@@ -32,15 +32,25 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from bench.common.prefix_cache import counters, hit_rate
 from bench.common.stream_clients import Result, grpc_request, http_request, httpx_events
 
 
-def build_workload(kind: str, n: int, seed: int = 0) -> list[tuple[list[int], int]]:
+def build_workload(kind: str, n: int, seed: int = 0,
+                   vocab: int = 30000) -> list[tuple[list[int], int]]:
+    """(prompt ids, max_tokens) per request; bench.peer.serving sends vLLM the same list.
+    `generated-shared-prefix`: bench.routing's Workload (2,048-token system prompts, 8 questions
+    of 128 tokens each, 256 output tokens) with ceil(n / 8) groups, its first n requests."""
     from bench.offline import workload
 
     if kind == "random":
         prompts, outs = workload(n, seed=seed)
         return list(zip(prompts, outs, strict=True))
+    if kind == "generated-shared-prefix":
+        from bench.routing import Workload
+
+        work = Workload(num_groups=-(-n // 8), prompts_per_group=8)
+        return [(p, work.output_len) for p in work.requests(seed, vocab)[:n]]
     rng = random.Random(seed)
     system = [rng.randint(0, 10000) for _ in range(512)]
     return [(system + [rng.randint(0, 10000) for _ in range(rng.randint(16, 128))],
@@ -198,12 +208,11 @@ async def warm_up_stack(args, url: str, target: str) -> None:
     256 streams first read ~5 % below the same stack after a sweep; docs/benchmarks/log/2026-11-24-10.md)."""
     import copy
 
-    from bench.offline import workload
+    from bench.offline import warm_up_requests
 
-    prompts, _ = workload(32, seed=1)
     warm_args = copy.copy(args)
     warm_args.concurrency, warm_args.request_rate, warm_args.client_procs = 32, 0.0, 1
-    warm = [(p, 1 + i % 16) for i, p in enumerate(prompts)]
+    warm = list(zip(*warm_up_requests(), strict=True))
     rec = await run_load(warm_args, warm, url, target)
     if rec["errors"]:
         raise SystemExit(f"the warm-up load failed: {rec['first_errors']}")
@@ -228,7 +237,9 @@ def main() -> int:
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--grpc-target", default="127.0.0.1:50051")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
-    p.add_argument("--workload", choices=["random", "shared-prefix"], default="random")
+    p.add_argument("--workload", choices=["random", "shared-prefix", "generated-shared-prefix"],
+                   default="random", help="shared-prefix: one 512-token system prompt for all; "
+                   "generated-shared-prefix: bench.routing's groups (see build_workload)")
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--concurrency", default="256",
                    help="streams in flight; a comma list runs one load per value on one stack")
@@ -267,8 +278,10 @@ def main() -> int:
                    help="append per-request TTFT and ITL samples (JSON lines) for bench/common/plot.py")
     args = p.parse_args()
     levels = [int(x) for x in str(args.concurrency).split(",")]
-    workload = build_workload(args.workload, args.num_requests)
-    record: dict = {}
+    workload = build_workload(args.workload, args.num_requests, vocab=model_vocab(args.model))
+    record: dict = {"bench": "serving", "engine": "minisgl"}
+    if args.model:
+        record.update(model=Path(args.model).name, tp=_tp_size(args.worker_args))
     if args.compare_in_process:
         record["in_process_tok_s"] = round(in_process(args, workload), 1)
     if args.otel != "off" and not args.launch:
@@ -287,6 +300,35 @@ def main() -> int:
         with open(args.json, "a") as f:
             f.writelines(json.dumps(rec) + "\n" for rec in records)
     return 0
+
+
+def model_vocab(model: str | None) -> int:
+    """The id range generated prompts draw from: bench.routing's 30,000, or a smaller vocabulary."""
+    if not model or not (Path(model) / "config.json").is_file():
+        return 30000
+    return int(json.loads((Path(model) / "config.json").read_text()).get("vocab_size", 30000))
+
+
+def _tp_size(worker_args: str) -> int:
+    import shlex
+
+    words = shlex.split(worker_args)
+    for i, word in enumerate(words):
+        if word == "--tp-size" and i + 1 < len(words):
+            return int(words[i + 1])
+        if word.startswith("--tp-size="):
+            return int(word.split("=", 1)[1])
+    return 1
+
+
+def _scheduler_metrics_urls(stack: object) -> list[str]:
+    """Every scheduler's /metrics of a launched stack (none without --launch or metrics)."""
+    if stack is None:
+        return []
+    ports = stack.metrics_ports  # type: ignore[attr-defined]
+    keys = [stack.engine_key("scheduler", i)  # type: ignore[attr-defined]
+            for i in range(stack.engines)]  # type: ignore[attr-defined]
+    return [f"http://127.0.0.1:{ports[k]}/metrics" for k in keys if ports.get(k)]
 
 
 def _run_stack(args, levels: list[int], workload, record: dict, otel: str) -> list[dict]:
@@ -335,7 +377,13 @@ def _run_stack(args, levels: list[int], workload, record: dict, otel: str) -> li
 
                 scraper = Scraper(stack_metrics_urls(stack.http_url, stack.metrics_ports),
                                   args.scrape_interval).start()
+            cache_urls = _scheduler_metrics_urls(stack)
+            before = [counters(u, "minisgl") for u in cache_urls]
             rec = {**record, **asyncio.run(run_load(args, workload, args.url, args.grpc_target))}
+            if cache_urls:  # prefix-cache hit rate over this load, as bench.peer.serving's
+                after = [counters(u, "minisgl") for u in cache_urls]
+                rec["hit_rate"] = hit_rate(tuple(map(sum, zip(*before, strict=True))),
+                                           tuple(map(sum, zip(*after, strict=True))))
             if scraper is not None:
                 rec.update(scraper.stop())
             samples = rec.pop("samples")
