@@ -64,7 +64,9 @@ def find_packages(repo: Path = ROOT) -> dict[str, Package]:
     packages: dict[str, Package] = {}
     for toml in repo.rglob("pyproject.toml"):
         rel = toml.relative_to(repo)
-        if toml.parent == repo or SKIP_DIRS.intersection(rel.parts):
+        # Hidden folders hold local copies (an exported older tree for A/B runs), not packages.
+        if (toml.parent == repo or SKIP_DIRS.intersection(rel.parts)
+                or any(part.startswith(".") for part in rel.parts)):
             continue
         for init in sorted(toml.parent.glob("*/__init__.py")):
             pkg = Package(init.parent.name, init.parent, "services" in rel.parts)

@@ -42,6 +42,7 @@ def _check(ar: Any, rank: int, world: int, device: torch.device) -> list[str]:
             if not torch.equal(x, want):
                 bad.append(f"eager {dtype} n={n} call={call}: max err "
                            f"{(x.float() - want.float()).abs().max().item()}")
+    bad += _check_add_rmsnorm(ar, rank, device)
     # graph replays: the captured kernel keeps counting epochs
     n = 4096 * 64
     x = torch.zeros(n, dtype=torch.bfloat16, device=device)
@@ -62,6 +63,34 @@ def _check(ar: Any, rank: int, world: int, device: torch.device) -> list[str]:
         if not bool((x == want_val).all()):
             bad.append(f"graph replay {rep}: got {x[0].item()} want {want_val}")
     torch.cuda.synchronize(device)
+    return bad
+
+
+def _check_add_rmsnorm(ar: Any, rank: int, device: torch.device) -> list[str]:
+    """The fused kernel against a plain all-reduce followed by the fused add+RMSNorm kernel:
+    the new residual bit for bit, the normed rows within bf16 rounding."""
+    from minisgl_worker.kernels import fused_ops
+
+    bad = []
+    for rows, d in ((1, 4096), (3, 1024), (200, 4096), (512, 1024)):
+        g = torch.Generator(device=device).manual_seed(rows * 7 + rank)
+        x = torch.randn(rows, d, generator=g, device=device).to(torch.bfloat16)
+        shared = torch.Generator(device=device).manual_seed(rows)  # alike on every rank
+        res = torch.randn(rows, d, generator=shared, device=device).to(torch.bfloat16)
+        w = torch.rand(d, generator=shared, device=device).to(torch.bfloat16) + 0.5
+        summed, res_ref = x.clone(), res.clone()
+        ar(summed)
+        want = fused_ops.rmsnorm(summed, w, 1e-6, residual=res_ref)
+        res_got = res.clone()
+        got = ar.add_rmsnorm(x, res_got, w, 1e-6)
+        if not torch.equal(res_got, res_ref):
+            bad.append(f"add_rmsnorm rows={rows} d={d}: residual differs")
+        err = (got.float() - want.float()).abs().max().item()
+        if err > 2e-2 * want.float().abs().max().item():
+            bad.append(f"add_rmsnorm rows={rows} d={d}: out max err {err}")
+        elif rank == 0:
+            print(f"add_rmsnorm rows={rows} d={d}: residual exact, out "
+                  f"{'exact' if torch.equal(got, want) else f'max err {err:.3g}'}", flush=True)
     return bad
 
 
@@ -89,6 +118,22 @@ def _time(fn: Any, x: torch.Tensor, ops: int, device: torch.device) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / (reps * ops)
+
+
+def _time_norms(ar: Any, x: torch.Tensor, ops: int, device: torch.device) -> dict[str, float]:
+    """A layer's tail: all-reduce then add+RMSNorm (two kernels) against the fused kernel."""
+    from minisgl_worker.kernels import fused_ops
+
+    res, w = torch.zeros_like(x), torch.ones(x.shape[1], dtype=x.dtype, device=device)
+
+    def two(t: torch.Tensor) -> None:
+        fused_ops.rmsnorm(ar(t), w, 1e-6, residual=res)
+
+    def one(t: torch.Tensor) -> None:
+        ar.add_rmsnorm(t, res, w, 1e-6)
+
+    return {"ar_then_norm_us": round(_time(two, x, ops, device), 2),
+            "fused_norm_us": round(_time(one, x, ops, device), 2)}
 
 
 def _rank_main(rank: int, world: int, port: int, ops: int, out: Any) -> None:
@@ -119,6 +164,9 @@ def _rank_main(rank: int, world: int, port: int, ops: int, out: Any) -> None:
             if ar is not None and ar.supports(x):
                 row[f"{mode}_us"] = round(_time(ar, x, ops, device), 2)
                 row[f"{mode}_speedup"] = round(row["nccl_us"] / row[f"{mode}_us"], 2)
+        push = kernels["push"]
+        if push is not None and push.supports(x) and x.numel() % 4096 == 0:
+            row.update(_time_norms(push, x.view(-1, 4096), ops, device))
         rows.append(row)
     out.put((rank, {"bad": bad, "rows": rows, "device": torch.cuda.get_device_name(device)}))
     dist.barrier()

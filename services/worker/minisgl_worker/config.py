@@ -73,7 +73,7 @@ class EngineConfig:
     disable_cuda_graph: bool = field(default=False, metadata=_help("run decode eagerly"))
     disable_custom_all_reduce: bool = field(default=False, metadata=_help(
         "TP: every all-reduce through NCCL, not the one-shot CUDA IPC kernel used for messages "
-        "up to 2 MiB (512 KiB past 2 GPUs) when all GPUs have peer access"))
+        "up to 8 MiB (512 KiB past 2 GPUs) when all GPUs have peer access"))
     tp_size: int = field(default=1, metadata=_help("tensor-parallel ranks (one GPU each)"))
     tp_rank: int = field(default=0, metadata=_help(
         "this process's rank (ranks > 0 need --dist-init-method)"))

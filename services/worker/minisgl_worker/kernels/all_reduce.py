@@ -37,9 +37,10 @@ log = logging.getLogger(__name__)
 
 MAX_PROGRAMS = 128  # <= the SM count: every program resident
 BLOCK = 1024  # elements a program moves per iteration (8 per thread at 4 warps: 16 B for bf16)
-# Larger messages go to NCCL: on 2 H200s the pull kernel beat NCCL up to 2 MiB (23 vs 36 us),
-# tied at 4 MiB and lost at 8 MiB (bench/micro/all_reduce.py).
-DEFAULT_MAX_BYTES = 2 << 20
+# Larger messages go to NCCL. On 2 H200s (bench/micro/all_reduce.py, per op inside a CUDA graph)
+# push took 4.0 / 6.2 / 12.2 / 36.9 us at 8 KiB / 512 KiB / 2 MiB / 8 MiB against NCCL's 15.7 /
+# 19.0 / 37.9 / 56.5 (pull: 4.4 / 7.5 / 14.8 / 43.6).
+DEFAULT_MAX_BYTES = 8 << 20
 # One-shot reads world x the message on each rank: past 2 ranks keep it to small messages.
 MAX_BYTES_PAST_TWO = 512 << 10
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -69,6 +70,26 @@ def _rank_delta(r: tl.constexpr, d0, d1, d2, d3, d4, d5, d6, d7):
 
 
 @triton.jit
+def _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD: tl.constexpr):
+    """Meet program `pid` of every other rank at `epoch`, then record the epoch."""
+    # Every thread's stores are done before the flags say so (release is cumulative over
+    # bar.sync); after the acquire, every thread's loads see the peers' stores.
+    tl.debug_barrier()
+    for r in tl.static_range(WORLD):
+        if r != rank:
+            peer_flags = tl.load(flag_ptrs + r).to(tl.pointer_type(tl.int32))
+            tl.atomic_xchg(peer_flags + pid * WORLD + rank, epoch, sem="release", scope="sys")
+    my_flags = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
+    for r in tl.static_range(WORLD):
+        if r != rank:
+            seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire", scope="sys")
+            while seen < epoch:
+                seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire", scope="sys")
+    tl.debug_barrier()
+    tl.store(counter_ptr + pid, epoch)
+
+
+@triton.jit
 def _one_shot_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, flag_ptrs,
                          counter_ptr, n, slot, rank, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                          PUSH: tl.constexpr):
@@ -92,20 +113,7 @@ def _one_shot_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, flag_pt
                 tl.store(dst + rank * slot + offs, v, mask=m)
         else:
             tl.store(buf_ptr + base + offs, v, mask=m)
-    # Every thread's copy is done before the flags say so (release is cumulative over bar.sync).
-    tl.debug_barrier()
-    for r in tl.static_range(WORLD):
-        if r != rank:
-            peer_flags = tl.load(flag_ptrs + r).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(peer_flags + pid * WORLD + rank, epoch, sem="release", scope="sys")
-    my_flags = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
-    for r in tl.static_range(WORLD):
-        if r != rank:
-            seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire", scope="sys")
-            while seen < epoch:
-                seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire", scope="sys")
-    tl.debug_barrier()
-    tl.store(counter_ptr + pid, epoch)
+    _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD)
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         offs = tl.multiple_of(start, BLOCK) + cols
         m = offs < n
@@ -118,6 +126,38 @@ def _one_shot_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, flag_pt
             # .cg: past L1, whose lines may hold this half from two epochs ago.
             acc += tl.load(src + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
         tl.store(x_ptr + offs, acc.to(x_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _one_shot_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1, d2, d3, d4, d5,
+                                 d6, d7, flag_ptrs, counter_ptr, rows, D, slot, rank, eps,
+                                 WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """x [rows, D]: this rank's partial sums (left as they are). residual += sum over ranks of x;
+    out = RMSNorm(residual) * w, in the activation dtype, with the arithmetic of
+    fused_kernels._rmsnorm_kernel after a plain all-reduce (the same bits). Push only."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = tl.load(counter_ptr + pid) + 1
+    base = (epoch % 2) * WORLD * slot
+    cols = tl.arange(0, BLOCK)
+    m = cols < D
+    for row in range(pid, rows, nprog):
+        v = tl.load(x_ptr + row * D + cols, mask=m)
+        for r in tl.static_range(WORLD):
+            dst = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
+            tl.store(dst + rank * slot + row * D + cols, v, mask=m)
+    _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    for row in range(pid, rows, nprog):
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for r in tl.static_range(WORLD):
+            acc += tl.load(buf_ptr + base + r * slot + row * D + cols, mask=m, other=0.0,
+                           cache_modifier=".cg").to(tl.float32)
+        h = acc.to(x_ptr.dtype.element_ty) + tl.load(res_ptr + row * D + cols, mask=m, other=0.0)
+        tl.store(res_ptr + row * D + cols, h, mask=m)
+        hf = h.to(tl.float32)
+        inv = tl.rsqrt(tl.sum(hf * hf, axis=0) / D + eps)
+        tl.store(out_ptr + row * D + cols, (hf * inv * w).to(x_ptr.dtype.element_ty), mask=m)
 
 
 class OneShotAllReduce:
@@ -165,6 +205,22 @@ class OneShotAllReduce:
                                    self.rank, WORLD=self.world, BLOCK=BLOCK, PUSH=self.push,
                                    num_warps=4)
         return x
+
+    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                    eps: float) -> torch.Tensor:
+        """The sum of x over the ranks added into `residual` (in place), and RMSNorm of the new
+        residual, in one kernel: x [N, D] and residual contiguous, `supports(x)`."""
+        rows, d = x.shape
+        out = torch.empty_like(x)
+        if rows == 0:
+            return out
+        buf, deltas = self._views(x.dtype)
+        block = triton.next_power_of_2(d)
+        _one_shot_all_reduce_rmsnorm[(min(MAX_PROGRAMS, rows),)](
+            x, residual, weight, out, buf, *deltas, self.flags.ptrs, self.counter, rows, d,
+            self.max_bytes // x.element_size(), self.rank, eps, WORLD=self.world, BLOCK=block,
+            num_warps=4 if d <= 2048 else 8)  # as the norm kernel: the same reduction order
+        return out
 
     def _views(self, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
         """This rank's buffer as `dtype`, and every rank's buffer as an element offset from it."""

@@ -32,6 +32,9 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.rotary = [rotary]  # a list: shared by every layer, not a submodule of each
 
+    def defer_reduction(self) -> None:
+        self.o_proj.defer_reduction()
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor | Fp8Rows,
                 attn: AttentionBackend) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim

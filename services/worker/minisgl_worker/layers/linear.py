@@ -59,6 +59,7 @@ class RowParallelLinear(Fp8Linear):
         self.in_features = in_features
         self.weight = set_loader(new_param(out_features, self.in_local), self._load)
         self.bias = set_loader(new_param(out_features), default_loader) if bias else None
+        self.reduce_output = True  # False: defer_reduction
 
     def _load(self, param: nn.Parameter, src: WeightSource, shard_id: object = None) -> None:
         check_shape("a row-parallel weight", src_shape(src), (param.shape[0], self.in_features))
@@ -69,8 +70,17 @@ class RowParallelLinear(Fp8Linear):
         """With silu_mul x is [gate | up] rows and the input is silu(gate) * up, computed inside
         the product: the one-row GEMV, or an fp8 layer's activation quantization (the caller,
         GatedMLP, checks `folds_silu_mul`)."""
-        out = all_reduce(self.matmul(x, silu_mul=silu_mul))
+        out = self.matmul(x, silu_mul=silu_mul)
+        if self.reduce_output:
+            out = all_reduce(out)
         return out + self.bias if self.bias is not None else out
+
+    def defer_reduction(self) -> None:
+        """Hand out this rank's partial sums: the consumer (the next norm, RMSNorm.add_forward
+        with reduce=True) sums them over the ranks, fused with its own work."""
+        if self.bias is not None:
+            raise ValueError("a row-parallel layer with a bias cannot defer its all-reduce")
+        self.reduce_output = False
 
     def folds_silu_mul(self, gate_up: torch.Tensor) -> bool:
         return self.weight_scale is not None or fused_ops.gemv_usable(gate_up)

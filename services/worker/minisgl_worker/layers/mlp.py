@@ -24,6 +24,9 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(hidden_size, [intermediate_size] * 2)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
 
+    def defer_reduction(self) -> None:
+        self.down_proj.defer_reduction()
+
     def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.down_proj.folds_silu_mul(gate_up):  # batch-1 GEMV or fp8: SiLU-and-mul inside

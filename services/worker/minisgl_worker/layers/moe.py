@@ -42,6 +42,7 @@ class SparseMoeBlock(nn.Module):
         self.register_buffer("w13_scale", None)  # [E, 2 * I_local] fp32 once quantized
         self.register_buffer("w2_scale", None)  # [E, H]
         self.experts_fn: ExpertsFn = fused_moe
+        self.reduce_output = True  # False: defer_reduction
 
     def _load_w13(self, param: nn.Parameter, src: WeightSource, shard_id: tuple[int, int]) -> None:
         """shard_id = (expert, 0 for gate_proj | 1 for up_proj); src [I, H]."""
@@ -65,5 +66,10 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.norm_topk_prob)
-        return all_reduce(self.experts_fn(x, self.w13, self.w2, ids, weights,
-                                          w13_scale=self.w13_scale, w2_scale=self.w2_scale))
+        out = self.experts_fn(x, self.w13, self.w2, ids, weights,
+                              w13_scale=self.w13_scale, w2_scale=self.w2_scale)
+        return all_reduce(out) if self.reduce_output else out
+
+    def defer_reduction(self) -> None:
+        """As RowParallelLinear.defer_reduction: the next norm sums the experts' partial sums."""
+        self.reduce_output = False

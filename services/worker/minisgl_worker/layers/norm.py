@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..distributed import all_reduce, tp
 from ..fp8 import Fp8Rows
 from ..kernels import fused_ops
 from .fp8_linear import Fp8Linear
@@ -31,9 +32,19 @@ class RMSNorm(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(dtype)
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor,
-                    to_fp8: bool = False) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
-        """norm(x + residual) and the new residual (x + residual); to_fp8 as in forward."""
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor, to_fp8: bool = False,
+                    reduce: bool = False) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
+        """norm(x + residual) and the new residual (x + residual); to_fp8 as in forward.
+        reduce: x is this TP rank's partial sums (a deferred row-parallel output): summed over
+        the ranks first, in the same kernel as the add and the norm where the TP group's custom
+        all-reduce takes x (fp8-feeding norms excepted)."""
+        if reduce:
+            fast = tp().fast_all_reduce
+            if (fast is not None and not to_fp8 and x.dim() == 2 and fused_ops.usable(x)
+                    and x.is_contiguous() and residual.is_contiguous() and fast.supports(x)
+                    and residual.data_ptr() != x.data_ptr()):
+                return fast.add_rmsnorm(x, residual, self.weight, self.eps), residual
+            x = all_reduce(x)
         if fused_ops.usable(x) and residual.is_contiguous() and x.is_contiguous():
             residual = residual.clone() if residual.data_ptr() == x.data_ptr() else residual
             if to_fp8 and x.dim() == 2:
@@ -57,6 +68,7 @@ class Fp8FeedingRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor, to_fp8: bool = False) -> torch.Tensor | Fp8Rows:
         return super().forward(x, to_fp8 or self.consumer[0].takes_fp8_rows(x))
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor,
-                    to_fp8: bool = False) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
-        return super().add_forward(x, residual, to_fp8 or self.consumer[0].takes_fp8_rows(x))
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor, to_fp8: bool = False,
+                    reduce: bool = False) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
+        return super().add_forward(x, residual, to_fp8 or self.consumer[0].takes_fp8_rows(x),
+                                   reduce)

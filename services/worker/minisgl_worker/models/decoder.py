@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..attention.base import AttentionBackend
+from ..distributed import tp
 from ..layers.attention import SelfAttention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ..layers.mlp import GatedMLP
@@ -41,17 +42,25 @@ class DecoderLayer(nn.Module):
             qkv_bias=qkv_bias, qk_norm_eps=cfg.rms_norm_eps if qk_norm else None)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp
+        # TP: attention's and the MLP's row-parallel outputs stay partial sums; the norm after
+        # each sums them over the ranks together with its residual add (one kernel on GPUs with
+        # the custom all-reduce). The MLP's output is summed by the next layer's input norm, or
+        # the model's final norm.
+        self.reduce = tp().size > 1
+        if self.reduce:
+            self.self_attn.defer_reduction()
+            cast(Any, self.mlp).defer_reduction()
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
         # With fp8 projections the norms may hand over quantized rows (Fp8FeedingRMSNorm,
         # swapped in by quantize.py).
-        if residual is None:
+        if residual is None:  # x: the embeddings (summed over the ranks already)
             residual, h = x, self.input_layernorm(x)
         else:
-            h, residual = self.input_layernorm.add_forward(x, residual)
+            h, residual = self.input_layernorm.add_forward(x, residual, reduce=self.reduce)
         h = self.self_attn(positions, h, attn)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual, reduce=self.reduce)
         return self.mlp(h), residual
 
 
@@ -68,7 +77,8 @@ class DecoderModel(nn.Module):
         for layer in self.layers:
             h, residual = layer(positions, h, residual, attn)
         assert residual is not None
-        return cast(torch.Tensor, self.norm.add_forward(h, residual)[0])  # no fp8: to_fp8 off
+        reduce = tp().size > 1  # the last layer's MLP output is a partial sum (DecoderLayer)
+        return cast(torch.Tensor, self.norm.add_forward(h, residual, reduce=reduce)[0])  # no fp8
 
 
 class CausalLM(nn.Module):
