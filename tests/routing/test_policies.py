@@ -40,10 +40,14 @@ def test_cache_aware_prefers_the_longest_cached_prefix_until_overloaded() -> Non
     router = Router("cache_aware", balance_threshold=4)
     d = router.pick(views, prompt)
     assert d.view is views[2] and d.reason == "cache" and d.predicted_tokens == 6 * PS
-    _load(views[2], 10)  # 10 more requests than the idle engines: past the threshold
+    # 10 more requests than the idle engines, and no capacity reported (so every request counts
+    # as queued): past the threshold; the next longest prefix wins.
+    _load(views[2], 10)
     d = router.pick(views, prompt)
-    assert d.view is not views[2] and d.reason == "load"
-    assert d.predicted_tokens == (3 * PS if d.view is views[1] else 0)
+    assert d.view is views[1] and d.reason == "cache" and d.predicted_tokens == 3 * PS
+    _load(views[1], 10)
+    d = router.pick(views, prompt)
+    assert d.view is views[0] and d.reason == "load" and d.predicted_tokens == 0
 
 
 def test_a_burst_of_one_new_prefix_stays_on_one_engine() -> None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2
 
+from minisgl_gateway.headroom import PeerTraffic
+
 PREDICT_TTL_S = 5.0  # longer than any engine takes to report a prefill it admitted
 MAX_PREDICTED = 1 << 18  # hashes; past it the oldest predictions are dropped
 
@@ -28,6 +30,7 @@ class EngineView:
     predicted: dict[int, float] = field(default_factory=dict)  # hash -> expiry (monotonic)
     load: scheduler_pb2.EngineLoad = field(default_factory=scheduler_pb2.EngineLoad)
     routed_since_report: int = 0
+    traffic: PeerTraffic = field(default_factory=PeerTraffic)  # all gateways' vs this one's
     inflight: int = 0  # this gateway's sequences on the engine
     up: bool = False  # its Connect stream is open
     health_draining: bool = False  # health said NOT_SERVING while the stream is open
@@ -49,6 +52,7 @@ class EngineView:
             self.index.difference_update(msg.removed)
             self.seq = msg.seq
         if msg.HasField("load"):
+            self.traffic.observe(msg.load.arrivals, self.routed_since_report)
             self.load = msg.load
             self.routed_since_report = 0
         return True
@@ -62,15 +66,6 @@ class EngineView:
     @property
     def usable(self) -> bool:
         return self.up and not self.draining and not self.retired
-
-    @property
-    def score(self) -> float:
-        """Requests on the engine (reported, plus those routed here since the report), with the
-        KV pages in use as a tie-break below one request."""
-        reported = self.load.running_requests + self.load.waiting_requests
-        requests = max(reported + self.routed_since_report, self.inflight)
-        kv = self.load.used_pages / self.load.total_pages if self.load.total_pages else 0.0
-        return requests + 0.5 * kv
 
     def matched_pages(self, hashes: Sequence[int], now: float) -> int:
         """Leading pages of a prompt (its page hashes) cached here or predicted to be."""

@@ -1,13 +1,21 @@
 """Which engine a new sequence goes to: round robin, least load, or cache aware, with optional
 sticky sessions. Pure logic over `EngineView`s (no I/O), unit-tested in tests/routing.
 
-cache_aware: the engine whose prefix cache (exact, from the scheduler's events, plus the
-predictions of engine_view) holds the longest prefix of the prompt, unless its load exceeds the
-least loaded engine's by more than `balance_threshold` requests; then, and when no engine holds any
-page of the prompt, the least loaded one (SMG's cache_aware policy balances the same way).
+Load is judged by headroom (headroom.py): the requests that would wait in an engine's queue ahead
+of a new one, given its slots, KV pages, reported running and waiting requests, and what the
+gateways routed there since its last report; then how full it is.
+least_load: the engine with the shortest such queue, then the emptiest.
+cache_aware: among the engines whose queue is within `balance_threshold` requests of the shortest,
+the one whose prefix cache (exact, from the scheduler's events, plus the predictions of
+engine_view) holds the longest prefix of the prompt, i.e. the least prefill work; ties and
+prompts no engine holds go by load. So a cache hit wins while its engine would not queue (or
+would queue about as much as any other: moving then saves no wait and costs prefill and KV), and
+loses once its engine would queue while another would not. Unlike a threshold on request counts
+(SGLang's model gateway) this tolerates any imbalance that queues nothing, and unlike a weighted
+cost (Dynamo's KV router) it needs no per-model tuning of prefill against decode load.
 sticky: a session key (OpenAI `user`, or the x-session-id header) picks its engine by rendezvous
 hashing over the usable engines, so a session keeps its engine while the set is stable and only
-the sessions of an engine that leaves move; the same balance threshold applies.
+the sessions of an engine that leaves move; the same queue threshold applies.
 """
 
 from __future__ import annotations
@@ -21,9 +29,13 @@ from hashlib import blake2b
 from minisgl_core.prefix_hash import page_hashes
 
 from minisgl_gateway.engine_view import EngineView
+from minisgl_gateway.headroom import fanout, load_key
 
 POLICIES = ("round_robin", "least_load", "cache_aware")
-DEFAULT_BALANCE_THRESHOLD = 32.0
+# Requests more in the queue of the engine holding the prefix than in the shortest queue, before
+# a request goes elsewhere: a queued request waits for a running one to finish, far longer than
+# the prefill a cache hit saves, so only a small margin for the estimate's noise.
+DEFAULT_BALANCE_THRESHOLD = 2.0
 
 _Hashes = Callable[[EngineView], list[int]]  # a prompt's page hashes at a view's page size
 
@@ -72,30 +84,40 @@ class Router:
 
     def _decide(self, views: Sequence[EngineView], hashes_for: _Hashes, session: str,
                 now: float) -> Decision:
+        if self.policy == "round_robin" and not (self.sticky and session):
+            view = views[next(self._turn) % len(views)]
+            return self._with_prediction(view, hashes_for, now, "round_robin")
+        fan = fanout(views)
+        keys = {id(v): load_key(v, fan) for v in views}
+        shortest = min(k[0] for k in keys.values())
         if self.sticky and session:
             home = max(views, key=lambda v: _rendezvous(session, v.address))
-            if home.score - min(v.score for v in views) <= self.balance_threshold:
+            if keys[id(home)][0] <= shortest + self.balance_threshold:
                 return self._with_prediction(home, hashes_for, now, "sticky")
         if self.policy == "round_robin":
             view = views[next(self._turn) % len(views)]
             return self._with_prediction(view, hashes_for, now, "round_robin")
-        least = self._least_loaded(views)
+        least = self._least_loaded(views, keys)
         if self.policy == "least_load":
             return self._with_prediction(least, hashes_for, now, "load")
         best, best_pages = least, 0
         for view in views:
+            key = keys[id(view)]
+            if key[0] > shortest + self.balance_threshold:
+                continue  # its queue is too long for a cache hit to make up for
             pages = view.matched_pages(hashes_for(view), now)
-            if pages > best_pages or (pages == best_pages and pages and view.score < best.score):
+            if pages > best_pages or (pages == best_pages and pages and key < keys[id(best)]):
                 best, best_pages = view, pages
-        if best_pages and best.score - least.score <= self.balance_threshold:
+        if best_pages:
             return Decision(best, best_pages * best.page_size, "cache")
-        return self._with_prediction(least, hashes_for, now, "load")
+        return Decision(least, 0, "load")
 
-    def _least_loaded(self, views: Sequence[EngineView]) -> EngineView:
+    def _least_loaded(self, views: Sequence[EngineView],
+                      keys: dict[int, tuple[float, float]]) -> EngineView:
         # Ties go round the engines, not always to the first listed.
         start = next(self._ties) % len(views)
         order = list(views[start:]) + list(views[:start])
-        return min(order, key=lambda v: v.score)
+        return min(order, key=lambda v: keys[id(v)])
 
     @staticmethod
     def _with_prediction(view: EngineView, hashes_for: _Hashes, now: float,
