@@ -8,7 +8,7 @@ from __future__ import annotations
 from minisgl_core.prefix_hash import page_hashes
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2
 from minisgl_gateway.engine_view import EngineView
-from minisgl_gateway.headroom import PeerTraffic, capacity, fanout, queue_ahead
+from minisgl_gateway.headroom import PeerTraffic, fanout, queue_ahead
 from minisgl_gateway.routing import Router
 
 PS = 4
@@ -58,16 +58,44 @@ def test_equal_queues_keep_the_cache_hit() -> None:
     assert Router("cache_aware").pick(views, PROMPT).view is views[1]
 
 
-def test_kv_pages_bound_the_capacity_before_the_slots() -> None:
+def test_waiting_for_the_prefill_budget_is_not_a_queue() -> None:
+    """After a burst an engine lists many waiting requests that only wait for their turn in the
+    prefill budget (slots and pages are there): the cache hit still wins."""
     views = _views(2)
     _cached_on(views[0])
-    # 100 requests hold all but 10 pages: at ~100 pages a request, no room for another.
-    _report(views[0], running=100, used=9_990)
+    _report(views[0], running=50, waiting=150, used=2_000)
+    _report(views[1], running=100, used=2_000)
+    assert queue_ahead(views[0], 1.0) == 0
+    d = Router("cache_aware").pick(views, PROMPT)
+    assert d.view is views[0] and d.reason == "cache"
+
+
+def test_a_prompt_that_does_not_fit_the_free_pages_queues() -> None:
+    views = _views(2)
+    _cached_on(views[0])
+    prompt = PROMPT + list(range(1000, 1064))  # 16 cached pages on engine 0, 16 new ones
+    _report(views[0], running=100, used=9_990)  # 10 pages free: too few
     _report(views[1], running=100, used=5_000)
-    assert capacity(views[0]) < 101 <= capacity(views[1])
-    assert queue_ahead(views[0], 1.0) > 0 == queue_ahead(views[1], 1.0)
-    d = Router("cache_aware", balance_threshold=0).pick(views, PROMPT)
-    assert d.view is views[1]
+    assert queue_ahead(views[0], 1.0, need_pages=16) == 1 and queue_ahead(views[0], 1.0, 10) == 0
+    assert Router("cache_aware", balance_threshold=0).pick(views, prompt).view is views[1]
+    # The fully cached prompt needs no new page: it still fits.
+    assert Router("cache_aware", balance_threshold=0).pick(views, PROMPT).view is views[0]
+    # Behind 5 requests already waiting there: past the default threshold too.
+    _report(views[0], running=100, waiting=5, used=9_990)
+    assert Router("cache_aware").pick(views, prompt).view is views[1]
+
+
+def test_the_pages_routed_since_the_report_count_against_the_free_ones() -> None:
+    views = _views(2)
+    _report(views[0], running=10, used=9_900)  # 100 pages free
+    _report(views[1], running=10, used=9_900)
+    router = Router("least_load", balance_threshold=0)
+    for i in range(12):  # 16 new pages each: 6 fit on each engine, then both queue
+        d = router.pick(views, [i] + PROMPT[1:])
+        assert d.predicted_tokens == 0
+    assert views[0].routed_since_report == views[1].routed_since_report == 6
+    assert views[0].routed_pages_since_report == views[1].routed_pages_since_report == 6 * 16
+    assert queue_ahead(views[0], 1.0, 16) > 0 and queue_ahead(views[1], 1.0, 16) > 0
 
 
 def test_a_burst_fills_the_cache_engine_up_to_its_free_slots_then_spills() -> None:

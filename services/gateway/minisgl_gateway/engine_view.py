@@ -30,6 +30,7 @@ class EngineView:
     predicted: dict[int, float] = field(default_factory=dict)  # hash -> expiry (monotonic)
     load: scheduler_pb2.EngineLoad = field(default_factory=scheduler_pb2.EngineLoad)
     routed_since_report: int = 0
+    routed_pages_since_report: int = 0  # uncached prompt pages of those
     traffic: PeerTraffic = field(default_factory=PeerTraffic)  # all gateways' vs this one's
     inflight: int = 0  # this gateway's sequences on the engine
     up: bool = False  # its Connect stream is open
@@ -55,6 +56,7 @@ class EngineView:
             self.traffic.observe(msg.load.arrivals, self.routed_since_report)
             self.load = msg.load
             self.routed_since_report = 0
+            self.routed_pages_since_report = 0
         return True
 
     # -- routing -----------------------------------------------------------------------------
@@ -81,8 +83,11 @@ class EngineView:
             n += 1
         return n
 
-    def note_routed(self, hashes: Sequence[int], now: float | None = None) -> None:
+    def note_routed(self, hashes: Sequence[int], now: float | None = None,
+                    new_pages: int = 0) -> None:
+        """A sequence was routed here; its prompt has `hashes` and needs `new_pages` uncached."""
         self.routed_since_report += 1
+        self.routed_pages_since_report += new_pages
         if not hashes:
             return
         now = time.monotonic() if now is None else now

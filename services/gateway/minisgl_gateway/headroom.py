@@ -2,7 +2,8 @@
 that would wait ahead of it in the engine's queue, and how full the engine is.
 
 An engine runs at most `max_running_requests` requests (its slots) and as many as its KV pages
-hold; the rest wait in its queue, and that wait is what makes a time-to-first-token tail. So an
+hold; the rest wait in its queue until running requests end, and that wait (a whole request's
+lifetime under saturation) is what makes a time-to-first-token tail. So an
 imbalance between engines costs nothing while the busier one still has free slots and KV, and a
 lot once it queues. The estimate starts from the engine's last load report (every ~100 ms) and adds
 what was routed there since: this gateway's own routings, scaled by `fanout`, the number of
@@ -65,31 +66,29 @@ def occupancy(view: EngineView, fan: float) -> float:
     return max(reported + view.routed_since_report * fan, float(view.inflight))
 
 
-def capacity(view: EngineView) -> float:
-    """Requests the engine can run at once now: its slots, fewer when its free KV pages (at the
-    running requests' average size) would run out first, and no more than it runs while
-    something already waits (it is admitting nothing more). 0: unknown (an older engine)."""
+def free_pages(view: EngineView, fan: float) -> float:
+    """KV pages the engine could give new requests: those no request holds (the prefix cache's
+    unlocked pages are evictable), less the uncached pages of the prompts routed there since."""
     load = view.load
-    slots = float(load.max_running_requests)
-    if not slots:
-        return 0.0
-    running = load.running_requests
-    if load.waiting_requests:
-        return min(slots, float(running))
-    if running and load.used_pages:
-        free = max(0, load.total_pages - load.used_pages)
-        slots = min(slots, running + free * running / load.used_pages)
-    return slots
+    return load.total_pages - load.used_pages - view.routed_pages_since_report * fan
 
 
-def queue_ahead(view: EngineView, fan: float) -> float:
-    """Requests that would wait in the engine's queue, counting one routed there now; 0 when it
-    would get a slot and its pages at once. With the capacity unknown every request on the engine
-    counts, which makes the policies plain load balancers."""
+def queue_ahead(view: EngineView, fan: float, need_pages: int = 0) -> float:
+    """Requests that would wait in the engine's queue for a slot or for KV pages, counting one
+    routed there now that needs `need_pages` new pages; 0 when it would be admitted as soon as the
+    prefill ahead of it allows. Waiting requests alone are not a queue: after a burst they only
+    wait for their turn in the prefill budget (the scheduler admits them over the next steps).
+    With the slots unknown (an older engine) every request on the engine counts, which makes the
+    policies plain load balancers."""
+    slots = view.load.max_running_requests
     occ = occupancy(view, fan)
-    if not view.load.max_running_requests:
+    if not slots:
         return occ
-    return max(0.0, occ + 1.0 - capacity(view))
+    queued = max(0.0, occ + 1.0 - slots)
+    if view.load.total_pages and need_pages > free_pages(view, fan):
+        # No pages for it: it waits behind whatever else waits, for running requests to end.
+        queued = max(queued, view.load.waiting_requests + view.routed_since_report * fan + 1.0)
+    return queued
 
 
 def fill(view: EngineView, fan: float) -> float:
@@ -104,6 +103,6 @@ def fill(view: EngineView, fan: float) -> float:
     return occ + 0.5 * kv
 
 
-def load_key(view: EngineView, fan: float) -> tuple[float, float]:
+def load_key(view: EngineView, fan: float, need_pages: int = 0) -> tuple[float, float]:
     """Less is better: the queue a new request would join, then how full the engine is."""
-    return queue_ahead(view, fan), fill(view, fan)
+    return queue_ahead(view, fan, need_pages), fill(view, fan)

@@ -78,39 +78,44 @@ class Router:
                 got = hashes[view.page_size] = page_hashes(input_ids, view.page_size)
             return got
 
-        decision = self._decide(views, hashes_for, session, now)
-        decision.view.note_routed(hashes_for(decision.view), now)
+        decision = self._decide(views, hashes_for, len(input_ids), session, now)
+        view = decision.view
+        new_pages = _pages(len(input_ids), view.page_size) - _pages(decision.predicted_tokens,
+                                                                    view.page_size)
+        view.note_routed(hashes_for(view), now, max(0, new_pages))
         return decision
 
-    def _decide(self, views: Sequence[EngineView], hashes_for: _Hashes, session: str,
-                now: float) -> Decision:
+    def _decide(self, views: Sequence[EngineView], hashes_for: _Hashes, num_tokens: int,
+                session: str, now: float) -> Decision:
         if self.policy == "round_robin" and not (self.sticky and session):
             view = views[next(self._turn) % len(views)]
             return self._with_prediction(view, hashes_for, now, "round_robin")
         fan = fanout(views)
-        keys = {id(v): load_key(v, fan) for v in views}
+        matched = {id(v): v.matched_pages(hashes_for(v), now) for v in views}
+        keys = {id(v): load_key(v, fan, _pages(num_tokens, v.page_size) - matched[id(v)])
+                for v in views}
         shortest = min(k[0] for k in keys.values())
+
+        def decision(view: EngineView, reason: str) -> Decision:
+            return Decision(view, matched[id(view)] * view.page_size, reason)
+
         if self.sticky and session:
             home = max(views, key=lambda v: _rendezvous(session, v.address))
             if keys[id(home)][0] <= shortest + self.balance_threshold:
-                return self._with_prediction(home, hashes_for, now, "sticky")
+                return decision(home, "sticky")
         if self.policy == "round_robin":
-            view = views[next(self._turn) % len(views)]
-            return self._with_prediction(view, hashes_for, now, "round_robin")
+            return decision(views[next(self._turn) % len(views)], "round_robin")
         least = self._least_loaded(views, keys)
         if self.policy == "least_load":
-            return self._with_prediction(least, hashes_for, now, "load")
+            return decision(least, "load")
         best, best_pages = least, 0
         for view in views:
-            key = keys[id(view)]
+            key, pages = keys[id(view)], matched[id(view)]
             if key[0] > shortest + self.balance_threshold:
                 continue  # its queue is too long for a cache hit to make up for
-            pages = view.matched_pages(hashes_for(view), now)
             if pages > best_pages or (pages == best_pages and pages and key < keys[id(best)]):
                 best, best_pages = view, pages
-        if best_pages:
-            return Decision(best, best_pages * best.page_size, "cache")
-        return Decision(least, 0, "load")
+        return decision(best, "cache" if best_pages else "load")
 
     def _least_loaded(self, views: Sequence[EngineView],
                       keys: dict[int, tuple[float, float]]) -> EngineView:
@@ -124,6 +129,10 @@ class Router:
                          reason: str) -> Decision:
         pages = view.matched_pages(hashes_for(view), now)
         return Decision(view, pages * view.page_size, reason)
+
+
+def _pages(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size) if page_size else 0
 
 
 def _rendezvous(key: str, address: str) -> int:
