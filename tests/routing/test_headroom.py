@@ -5,6 +5,9 @@ fanout learned from the engines' arrival counters; least_load compares headroom,
 
 from __future__ import annotations
 
+import math
+import time
+
 from minisgl_core.prefix_hash import page_hashes
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2
 from minisgl_gateway.engine_view import EngineView
@@ -20,10 +23,12 @@ def _views(n: int) -> list[EngineView]:
 
 
 def _report(v: EngineView, running: int, waiting: int = 0, slots: int = 256,
-            used: int = 0, total: int = 10_000, arrivals: int = 0) -> None:
+            used: int = 0, total: int = 10_000, arrivals: int = 0,
+            now: float = math.inf) -> None:
+    """A load report, by default long after every routing so far (it includes them all)."""
     v.apply(scheduler_pb2.WatchResponse(seq=v.seq, load=scheduler_pb2.EngineLoad(
         running_requests=running, waiting_requests=waiting, max_running_requests=slots,
-        used_pages=used, total_pages=total, arrivals=arrivals)))
+        used_pages=used, total_pages=total, arrivals=arrivals)), now)
 
 
 def _cached_on(v: EngineView) -> None:
@@ -119,7 +124,7 @@ def test_several_gateways_make_each_one_more_conservative() -> None:
         _report(v, running=100)
     for _ in range(10):  # report intervals: this gateway routes 5 to each, all gateways 20
         for i, v in enumerate(views):
-            v.routed_since_report = 5
+            v.routed_in_interval = 5
             arrivals[i] += 20
             _report(v, running=100, arrivals=arrivals[i])
     assert 3.5 < fanout(views) <= 4.0
@@ -163,3 +168,16 @@ def test_sticky_sessions_leave_a_queued_home() -> None:
     _report(other, running=100)
     d = router.pick(views, [1], "user-1")
     assert d.view is other and d.reason != "sticky"
+
+
+def test_routings_just_before_a_report_stay_counted() -> None:
+    """The report may not include what was routed in its last moments: those stay pending."""
+    (view,) = _views(1)
+    t = time.monotonic()
+    view.note_routed([], t - 1.0, new_pages=4)
+    view.note_routed([], t, new_pages=2)
+    _report(view, running=1, now=t + 0.01)  # a report right after: the second may be missing
+    assert (view.routed_since_report, view.routed_pages_since_report) == (1, 2)
+    assert view.routed_in_interval == 0 and view.traffic.last_arrivals == 0
+    _report(view, running=2, now=t + 1.0)
+    assert (view.routed_since_report, view.routed_pages_since_report) == (0, 0)

@@ -6,6 +6,7 @@ messages in order and asks for a resync on a gap."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def _views(n: int) -> list[EngineView]:
 
 def _load(v: EngineView, running: int) -> None:
     v.apply(scheduler_pb2.WatchResponse(seq=v.seq, load=scheduler_pb2.EngineLoad(
-        running_requests=running, total_pages=100)))
+        running_requests=running, total_pages=100)), math.inf)  # after every routing so far
 
 
 def test_cache_aware_prefers_the_longest_cached_prefix_until_overloaded() -> None:
