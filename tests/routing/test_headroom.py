@@ -47,7 +47,7 @@ def test_an_unqueued_cache_hit_wins_however_unequal_the_loads() -> None:
 def test_a_saturated_cache_engine_loses_to_one_with_free_slots() -> None:
     views = _views(2)
     _cached_on(views[0])
-    _report(views[0], running=256, waiting=5)
+    _report(views[0], running=256, waiting=20)  # 21 would queue: past the default 8
     _report(views[1], running=200)
     d = Router("cache_aware").pick(views, PROMPT)
     assert d.view is views[1] and d.reason == "load" and d.predicted_tokens == 0
@@ -85,8 +85,8 @@ def test_a_prompt_that_does_not_fit_the_free_pages_queues() -> None:
     assert Router("cache_aware", balance_threshold=0).pick(views, prompt).view is views[1]
     # The fully cached prompt needs no new page: it still fits.
     assert Router("cache_aware", balance_threshold=0).pick(views, PROMPT).view is views[0]
-    # Behind 5 requests already waiting there: past the default threshold too.
-    _report(views[0], running=100, waiting=5, used=9_990)
+    # Behind 10 requests already waiting there: past the default threshold too.
+    _report(views[0], running=100, waiting=10, used=9_990)
     assert Router("cache_aware").pick(views, prompt).view is views[1]
 
 
@@ -181,3 +181,36 @@ def test_routings_just_before_a_report_stay_counted() -> None:
     assert view.routed_in_interval == 0 and view.traffic.last_arrivals == 0
     _report(view, running=2, now=t + 1.0)
     assert (view.routed_since_report, view.routed_pages_since_report) == (0, 0)
+
+
+def _new_prompts(n: int) -> list[list[int]]:
+    """Prompts of 300 tokens with distinct first 256 (their anchor), no shared prefix."""
+    return [[7000 + 300 * k + i for i in range(300)] for k in range(n)]
+
+
+def test_gateways_place_a_new_prefix_on_the_same_engine_without_talking() -> None:
+    """Each gateway has its own views and predictions; a new prefix still goes where its anchor
+    page hashes, so the requests of a group that reach different gateways at once share a cache."""
+    gateway_a, gateway_b = _views(3), _views(3)
+    router_a, router_b = Router("cache_aware"), Router("cache_aware")
+    homes = []
+    for prompt in _new_prompts(12):
+        a = router_a.pick(gateway_a, prompt).view.address
+        b = router_b.pick(gateway_b, prompt[:256] + [1, 2, 3, 4]).view.address  # same anchor
+        assert a == b
+        homes.append(a)
+    assert len(set(homes)) >= 2  # different prefixes spread
+
+
+def test_a_new_prefix_leaves_its_hash_home_once_that_is_fuller_by_the_threshold() -> None:
+    views = _views(2)
+    prompt = _new_prompts(1)[0]
+    home = Router("cache_aware").pick(_views(2), prompt).view.address
+    idx = int(home.split(".")[3].split(":")[0])
+    _report(views[1 - idx], running=0)
+    _report(views[idx], running=5)  # 5 requests fuller: within the threshold of 8
+    assert Router("cache_aware").pick(views, prompt).view is views[idx]
+    views = _views(2)
+    _report(views[1 - idx], running=0)
+    _report(views[idx], running=20)  # 20: past it
+    assert Router("cache_aware").pick(views, prompt).view is views[1 - idx]

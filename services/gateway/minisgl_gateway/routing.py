@@ -7,8 +7,10 @@ gateways routed there since its last report; then how full it is.
 least_load: the engine with the shortest such queue, then the emptiest.
 cache_aware: among the engines whose queue is within `balance_threshold` requests of the shortest,
 the one whose prefix cache (exact, from the scheduler's events, plus the predictions of
-engine_view) holds the longest prefix of the prompt, i.e. the least prefill work; ties and
-prompts no engine holds go by load. So a cache hit wins while its engine would not queue (or
+engine_view) holds the longest prefix of the prompt, i.e. the least prefill work; ties go by
+load. A prompt no engine holds goes where the hash of its first pages points (rendezvous) among
+engines about as loaded as the least, so several gateways agree on a new prefix's engine without
+talking (each one's predictions are its own). So a cache hit wins while its engine would not queue (or
 would queue about as much as any other: moving then saves no wait and costs prefill and KV), and
 loses once its engine would queue while another would not. Unlike a threshold on request counts
 (SGLang's model gateway) this tolerates any imbalance that queues nothing, and unlike a weighted
@@ -33,9 +35,16 @@ from minisgl_gateway.headroom import fanout, load_key
 
 POLICIES = ("round_robin", "least_load", "cache_aware")
 # Requests more in the queue of the engine holding the prefix than in the shortest queue, before
-# a request goes elsewhere: a queued request waits for a running one to finish, far longer than
-# the prefill a cache hit saves, so only a small margin for the estimate's noise.
-DEFAULT_BALANCE_THRESHOLD = 2.0
+# a request goes elsewhere (and how much fuller an engine may be to take a new prefix by hash). A
+# queued request waits for a running one to finish, far longer than the prefill a hit saves; but
+# each move copies a prefix to a second engine, and under KV pressure the copies make engines
+# queue for pages. 8 kept the TTFT tail low in a model of the 2-engine benchmark where 0-2 and 32
+# did not reliably.
+DEFAULT_BALANCE_THRESHOLD = 8.0
+# A new prefix is placed by the hash of its page covering this many tokens: prompts that share
+# this much likely share more (a system prompt), and a short chat-template header is not enough to
+# pile unrelated prompts onto one engine.
+ANCHOR_TOKENS = 256
 
 _Hashes = Callable[[EngineView], list[int]]  # a prompt's page hashes at a view's page size
 
@@ -115,7 +124,30 @@ class Router:
                 continue  # its queue is too long for a cache hit to make up for
             if pages > best_pages or (pages == best_pages and pages and key < keys[id(best)]):
                 best, best_pages = view, pages
-        return decision(best, "cache" if best_pages else "load")
+        if best_pages:
+            return decision(best, "cache")
+        hashes = hashes_for(least)
+        first = max(1, ANCHOR_TOKENS // least.page_size) if hashes else 0
+        anchor = hashes[min(len(hashes), first) - 1] if hashes else None
+        return decision(self._home_for_new_prefix(views, keys, anchor) or least, "load")
+
+    def _home_for_new_prefix(self, views: Sequence[EngineView],
+                             keys: dict[int, tuple[float, float]],
+                             anchor: int | None) -> EngineView | None:
+        """For a prompt no engine holds: the engine its anchor page (the page hash covering its
+        first ANCHOR_TOKENS) picks by rendezvous hashing over the engine addresses, among those as
+        little queued as the least loaded and no more than `balance_threshold` requests fuller.
+        Every gateway computes the same, so requests sharing a new prefix that reach several
+        gateways at once land on one engine (each gateway's predictions are its own)."""
+        if anchor is None:
+            return None
+        queue, fill = min(keys.values())
+        near = [v for v in views if keys[id(v)][0] <= queue
+                and (keys[id(v)][1] - fill) * max(1, v.load.max_running_requests)
+                <= self.balance_threshold]
+        if not near:
+            return None
+        return max(near, key=lambda v: _rendezvous(str(anchor), v.address))
 
     def _least_loaded(self, views: Sequence[EngineView],
                       keys: dict[int, tuple[float, float]]) -> EngineView:
