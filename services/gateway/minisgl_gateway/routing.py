@@ -69,14 +69,15 @@ class Router:
         self._ties = itertools.count()  # which of equally loaded engines comes first
 
     def pick(self, views: Sequence[EngineView], input_ids: Sequence[int],
-             session: str = "") -> Decision:
-        """One of `views` (non-empty, all usable); records the choice on the view."""
+             session: str = "", now: float | None = None) -> Decision:
+        """One of `views` (non-empty, all usable); records the choice on the view. `now`: the
+        monotonic clock (a simulation passes its own)."""
         if not views:
             raise ValueError("no engine to route to")
         if len(views) == 1:  # nothing to decide: no hashing on the one-engine hot path
-            views[0].note_routed(())
+            views[0].note_routed((), now)
             return Decision(views[0], 0, "only")
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         hashes: dict[int, list[int]] = {}  # per page size (engines of one model agree)
 
         def hashes_for(view: EngineView) -> list[int]:
