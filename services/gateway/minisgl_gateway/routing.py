@@ -38,8 +38,8 @@ POLICIES = ("round_robin", "least_load", "cache_aware")
 # a request goes elsewhere (and how much fuller an engine may be to take a new prefix by hash). A
 # queued request waits for a running one to finish, far longer than the prefill a hit saves; but
 # each move copies a prefix to a second engine, and under KV pressure the copies make engines
-# queue for pages. 8 kept the TTFT tail low in a model of the 2-engine benchmark where 0-2 and 32
-# did not reliably.
+# queue for pages. In bench.routing_model's model of the 2-engine shared-prefix benchmark 6-12 did
+# best: at 2 the copies cost more hits and a longer tail, at 32 slot queues grew.
 DEFAULT_BALANCE_THRESHOLD = 8.0
 # A new prefix is placed by the hash of its page covering this many tokens: prompts that share
 # this much likely share more (a system prompt), and a short chat-template header is not enough to
