@@ -10,7 +10,7 @@ Engines: `slots` running requests at most, `pages` KV pages of `page_size` token
 budget of `budget` tokens a step, first come first served admission that waits for pages, a
 prefix cache of whole system prompts with LRU eviction of the unlocked ones, and a step time
 linear in decoding requests and prefill tokens (about Qwen3-0.6B on an H200). Gateways get each
-engine's load every 25 ms (staggered) as of its last step, and its cache changes at each step
+engine's load every 100 ms (staggered) as of its last step, and its cache changes at each step
 end. Clients: `concurrency` requests in flight in `clients` closed loops, each client bound to one
 gateway at random (as SO_REUSEPORT binds a connection), all starting at once.
 """
@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from minisgl_core.prefix_hash import page_hashes
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2
-from minisgl_gateway.engine import LOAD_INTERVAL_S
 from minisgl_gateway.engine_view import EngineView
 from minisgl_gateway.routing import Router
 
@@ -46,7 +45,7 @@ class Model:
     gateways: int = 4
     clients: int = 4
     concurrency: int = 512
-    report_s: float = LOAD_INTERVAL_S  # the gateway asks for a load report this often
+    report_s: float = 0.1
     step_s: float = 0.008  # fixed cost of a step
     decode_s: float = 0.00003  # per decoding request
     prefill_s: float = 0.0000035  # per prefill token

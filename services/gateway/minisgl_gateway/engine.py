@@ -25,8 +25,7 @@ from minisgl_gateway.streams import keep_open
 
 log = logging.getLogger(__name__)
 
-LOAD_INTERVAL_S = 0.025  # asked of the scheduler's Watch stream: fresh enough that a wave of
-# requests freed by a finishing cohort is not steered by a view one wave old
+LOAD_INTERVAL_S = 0.1  # asked of the scheduler's Watch stream
 
 
 @dataclass(frozen=True)

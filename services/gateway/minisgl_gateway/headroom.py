@@ -5,7 +5,7 @@ An engine runs at most `max_running_requests` requests (its slots) and as many a
 hold; the rest wait in its queue until running requests end, and that wait (a whole request's
 lifetime under saturation) is what makes a time-to-first-token tail. So an
 imbalance between engines costs nothing while the busier one still has free slots and KV, and a
-lot once it queues. The estimate starts from the engine's last load report (every ~25 ms) and adds
+lot once it queues. The estimate starts from the engine's last load report (every ~100 ms) and adds
 what was routed there since: this gateway's own routings, scaled by `fanout`, the number of
 requests all gateways together route per request this one routes. Gateways see each other only
 through the reports, so each one assumes the others route like itself (clients spread evenly over
