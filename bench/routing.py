@@ -13,9 +13,8 @@ Workload: `num_groups` system prompts of `system_prompt_len` random token ids, e
 `prompts_per_group` questions of `question_len` ids; all requests (shuffled) go out at once, at
 most `concurrency` in flight, each generating `output_len` tokens (ignore_eos). Every policy runs
 on the same engines with fresh prompts (a different seed), so none finds another's prefixes.
-Output: one JSON line per run (mode, policy, throughput, TTFT p50/p90/p99, prefix-cache hit rate
-from the engines' own metrics, errors; per engine the requests it received and the longest waiting
-queue and most running requests its load showed, polled every 50 ms), the parameters on each.
+Output: one JSON line per run (mode, policy, throughput, TTFT p50/p99, prefix-cache hit rate from
+the engines' own metrics, errors), the parameters on each.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from minisgl.launcher import Stack, StackConfig, free_port
 from minisgl_core.serving import wait_for_health
 
 from bench.common.stream_clients import grpc_request
-from bench.routing_probe import LoadProbe
 
 LOG_DIR = Path("/tmp/minisgl-bench-routing")
 
@@ -108,16 +106,15 @@ def _scrape(port: int) -> tuple[float, float]:
     return hits, queries
 
 
-def _start_gateways(stack: Stack, schedulers: list[str], policy: str, replicas: int,
-                    gateway_args: str = "") -> tuple[str, list[subprocess.Popen[bytes]]]:
+def _start_gateways(stack: Stack, schedulers: list[str], policy: str, replicas: int
+                    ) -> tuple[str, list[subprocess.Popen[bytes]]]:
     http, grpc_port = free_port(), free_port()
     procs = []
     for i in range(replicas):
         cmd = [sys.executable, "-m", "minisgl_gateway", "--port", str(http), "--grpc-port",
                str(grpc_port), "--tokenizer", stack.target("tokenizer"), "--detokenizer",
                stack.target("detokenizer"), "--scheduler", ",".join(schedulers), "--routing",
-               policy, "--max-concurrent-requests", "100000", "--log-level", "warning",
-               *shlex.split(gateway_args)]
+               policy, "--max-concurrent-requests", "100000", "--log-level", "warning"]
         if replicas > 1:
             cmd.append("--reuse-port")
         log = open(LOG_DIR / f"gateway-{policy}-{http}-{i}.log", "wb")  # noqa: SIM115
@@ -164,7 +161,7 @@ def run_one(args: argparse.Namespace, stack: Stack, engines: list[int], mode: st
                     args.question_len, args.output_len)
     keys = [stack.engine_key("scheduler", i) for i in engines]
     target, gateways = _start_gateways(stack, [stack.target(k) for k in keys], policy,
-                                       args.gateway_replicas, args.gateway_args)
+                                       args.gateway_replicas)
     try:
         _drive_part(target, [[7, 8, 9, 10]], 4, 1)  # warm-up: one short request
         config = json.loads((Path(args.model) / "config.json").read_text())
@@ -172,19 +169,12 @@ def run_one(args: argparse.Namespace, stack: Stack, engines: list[int], mode: st
         before = [_scrape(stack.metrics_ports[k]) for k in keys]
         parts = max(1, min(args.client_processes, len(prompts)))
         slices = [prompts[i::parts] for i in range(parts)]
+        start = time.perf_counter()
         with ProcessPoolExecutor(parts) as pool:
-            # The pool forks all its processes at the first submit: before the probe opens gRPC
-            # channels (a fork beside live gRPC threads can hang the child).
-            pool.submit(int).result()
-            probe = LoadProbe([stack.target(k) for k in keys]).start()
-            start = time.perf_counter()
-            try:
-                futures = [pool.submit(_drive_part, target, s, work.output_len,
-                                       -(-args.concurrency // parts)) for s in slices]
-                results = [r for f in futures for r in f.result()]
-                elapsed = time.perf_counter() - start
-            finally:
-                traces = probe.stop()
+            futures = [pool.submit(_drive_part, target, s, work.output_len,
+                                   -(-args.concurrency // parts)) for s in slices]
+            results = [r for f in futures for r in f.result()]
+        elapsed = time.perf_counter() - start
         after = [_scrape(stack.metrics_ports[k]) for k in keys]
     finally:
         _stop(gateways)
@@ -204,16 +194,10 @@ def run_one(args: argparse.Namespace, stack: Stack, engines: list[int], mode: st
         "output_tok_s": round(sum(r[2] for r in ok) / elapsed, 1),
         "request_s": round(len(ok) / elapsed, 2),
         "ttft_p50_s": round(statistics.median(ttfts), 4) if ttfts else 0.0,
-        "ttft_p90_s": pct(0.90), "ttft_p99_s": pct(0.99),
-        # per engine, from its load polled every 50 ms: requests it received, and the longest
-        # waiting queue / most running requests seen (a TTFT tail is queueing in an engine)
-        "engine_requests": [t.received for t in traces],
-        "engine_max_waiting": [t.max_waiting for t in traces],
-        "engine_max_running": [t.max_running for t in traces],
+        "ttft_p99_s": pct(0.99),
         "hit_rate": round(hits / queries, 4) if queries else 0.0,
         **asdict(work), "concurrency": args.concurrency,
-        "gateway_replicas": args.gateway_replicas, "gateway_args": args.gateway_args,
-        "model": args.model,
+        "gateway_replicas": args.gateway_replicas, "model": args.model,
         "device": args.device,
     }
 
@@ -262,8 +246,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--client-processes", type=int, default=4)
     p.add_argument("--worker-args", default="")
     p.add_argument("--scheduler-args", default="")
-    p.add_argument("--gateway-args", default="",
-                   help="extra gateway flags, e.g. \"--routing-balance-threshold 4\"")
     p.add_argument("--json", default="", help="also append the JSON lines to this file")
     return p.parse_args(argv)
 

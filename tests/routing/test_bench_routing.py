@@ -26,6 +26,3 @@ def test_bench_routing_cpu_smoke(tiny_model_path: Path) -> None:
     assert rec["requests"] == 9 and rec["output_tok_s"] > 0 and rec["ttft_p99_s"] > 0
     # 3 groups x 3 prompts: at least the later prompts of each group find their prefix.
     assert rec["hit_rate"] > 0.3
-    # Each engine's arrival counter, polled around the run: the two engines got the 9 requests.
-    assert len(rec["engine_requests"]) == 2 and sum(rec["engine_requests"]) == 9
-    assert len(rec["engine_max_waiting"]) == 2 and max(rec["engine_max_running"]) >= 1

@@ -251,21 +251,3 @@ def test_service_process_help_metrics_and_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
         worker.stop(drain_timeout=0)
-
-
-def test_load_reports_carry_the_slots_and_the_arrival_counter(stack: Stack) -> None:
-    """What routers size an engine's headroom with: its slots, and how many requests it accepted
-    (a counter, so a gateway can tell what the other gateways sent between two reports)."""
-    watch = stack.stub.Watch(scheduler_pb2.WatchRequest(load_interval_s=0.05), timeout=30)
-    first = next(watch)
-    assert first.load.max_running_requests == 8 and first.load.arrivals == 0
-    conn = Conn(stack.stub)
-    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    conn.send([(200 + i, [5, 6, 7, i + 10], params) for i in range(3)])
-    conn.read_until(lambda: len(conn.final) == 3)
-    assert stack.load().arrivals == 3
-    report = next(m for m in watch if m.HasField("load") and m.load.arrivals == 3)
-    assert report.load.max_running_requests == 8
-    watch.cancel()
-    conn.requests.put(None)
-    assert list(conn.call) == []

@@ -35,7 +35,7 @@ class Routing:
     """Placing requests on engine replicas (routing.py, discovery.py)."""
 
     policy: str = "cache_aware"  # round_robin | least_load | cache_aware
-    balance_threshold: float = DEFAULT_BALANCE_THRESHOLD  # queued requests; routing.py
+    balance_threshold: float = DEFAULT_BALANCE_THRESHOLD  # requests; see routing.py
     sticky_sessions: bool = False  # a session key keeps its engine (rendezvous hashing)
     discovery_interval: float = DEFAULT_INTERVAL_S  # re-resolving dns:/// and file:// targets
 
@@ -84,10 +84,8 @@ def _parser() -> ServiceArgs:
     r = Routing()
     args.add("--routing", r.policy, "how sequences are placed on engines", choices=list(POLICIES))
     args.add("--routing-balance-threshold", r.balance_threshold, "cache_aware/sticky: an engine "
-             "whose queue would be longer than the shortest engine queue by more than this many "
-             "requests takes no cache-affine (or session) traffic; the queue is estimated from "
-             "the engines' load reports: slots, KV pages, running and waiting requests, and what "
-             "the gateways routed there since", float)
+             "more loaded than the least loaded by this many requests takes no cache-affine "
+             "traffic", float)
     args.add("--sticky-sessions", r.sticky_sessions, "route requests with a session key (OpenAI "
              "`user`, header x-session-id) to the same engine while it is not overloaded", bool)
     args.add("--discovery-interval", r.discovery_interval, "seconds between re-resolutions of a "

@@ -10,21 +10,13 @@ least loaded when each arrived (SMG's approximate tree and Dynamo's active block
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2
 
-from minisgl_gateway.headroom import PeerTraffic
-
 PREDICT_TTL_S = 5.0  # longer than any engine takes to report a prefill it admitted
 MAX_PREDICTED = 1 << 18  # hashes; past it the oldest predictions are dropped
-# A load report reflects the requests that reached the scheduler before its last loop iteration
-# ended: routings this recent may be missing from it, so they stay counted as routed since. (Counted
-# twice at worst, which makes the engine look a little fuller: the safe side for the queue.)
-REPORT_LAG_S = 0.05
-MAX_RECENT = 1 << 14
 
 
 @dataclass
@@ -35,11 +27,7 @@ class EngineView:
     index: set[int] = field(default_factory=set)
     predicted: dict[int, float] = field(default_factory=dict)  # hash -> expiry (monotonic)
     load: scheduler_pb2.EngineLoad = field(default_factory=scheduler_pb2.EngineLoad)
-    routed_since_report: int = 0  # this gateway's routings the last report may not include
-    routed_pages_since_report: int = 0  # uncached prompt pages of those
-    recent: deque[tuple[float, int]] = field(default_factory=deque)  # (when, pages) of those
-    routed_in_interval: int = 0  # routings since the last report (for `traffic`)
-    traffic: PeerTraffic = field(default_factory=PeerTraffic)  # all gateways' vs this one's
+    routed_since_report: int = 0
     inflight: int = 0  # this gateway's sequences on the engine
     up: bool = False  # its Connect stream is open
     health_draining: bool = False  # health said NOT_SERVING while the stream is open
@@ -47,7 +35,7 @@ class EngineView:
 
     # -- Watch stream ------------------------------------------------------------------------
 
-    def apply(self, msg: scheduler_pb2.WatchResponse, now: float | None = None) -> bool:
+    def apply(self, msg: scheduler_pb2.WatchResponse) -> bool:
         """Apply one Watch message; False when a batch is missing (reopen the stream)."""
         if msg.page_size:
             self.page_size = msg.page_size
@@ -61,15 +49,8 @@ class EngineView:
             self.index.difference_update(msg.removed)
             self.seq = msg.seq
         if msg.HasField("load"):
-            self.traffic.observe(msg.load.arrivals, self.routed_in_interval)
             self.load = msg.load
-            self.routed_in_interval = 0
-            recent = self.recent
-            cutoff = (time.monotonic() if now is None else now) - REPORT_LAG_S
-            while recent and recent[0][0] < cutoff:
-                recent.popleft()
-            self.routed_since_report = len(recent)
-            self.routed_pages_since_report = sum(pages for _, pages in recent)
+            self.routed_since_report = 0
         return True
 
     # -- routing -----------------------------------------------------------------------------
@@ -81,6 +62,15 @@ class EngineView:
     @property
     def usable(self) -> bool:
         return self.up and not self.draining and not self.retired
+
+    @property
+    def score(self) -> float:
+        """Requests on the engine (reported, plus those routed here since the report), with the
+        KV pages in use as a tie-break below one request."""
+        reported = self.load.running_requests + self.load.waiting_requests
+        requests = max(reported + self.routed_since_report, self.inflight)
+        kv = self.load.used_pages / self.load.total_pages if self.load.total_pages else 0.0
+        return requests + 0.5 * kv
 
     def matched_pages(self, hashes: Sequence[int], now: float) -> int:
         """Leading pages of a prompt (its page hashes) cached here or predicted to be."""
@@ -96,18 +86,11 @@ class EngineView:
             n += 1
         return n
 
-    def note_routed(self, hashes: Sequence[int], now: float | None = None,
-                    new_pages: int = 0) -> None:
-        """A sequence was routed here; its prompt has `hashes` and needs `new_pages` uncached."""
-        now = time.monotonic() if now is None else now
+    def note_routed(self, hashes: Sequence[int], now: float | None = None) -> None:
         self.routed_since_report += 1
-        self.routed_pages_since_report += new_pages
-        self.routed_in_interval += 1
-        self.recent.append((now, new_pages))
-        if len(self.recent) > MAX_RECENT:  # no load report for long (its stream is reopening)
-            self.recent.popleft()
         if not hashes:
             return
+        now = time.monotonic() if now is None else now
         predicted = self.predicted
         if len(predicted) + len(hashes) > MAX_PREDICTED:
             self.prune(now)

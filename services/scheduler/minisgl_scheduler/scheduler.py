@@ -130,7 +130,7 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats.of(len(self.running), len(self.waiting), len(self.inflight),
-                                 self.kv, self._counters, self._arrivals)
+                                 self.kv, self._counters)
 
     def check_invariants(self) -> None:
         """Page accounting and ref counts (tests; cheap enough for a debug flag)."""

@@ -136,7 +136,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.GetLoadResponse(
             running_requests=s.running, waiting_requests=s.waiting, used_pages=s.used_pages,
             total_pages=s.total_pages, cached_pages=s.cached_pages,
-            prefix_hit_rate=s.prefix_hit_rate, arrivals=s.arrivals,
+            prefix_hit_rate=s.prefix_hit_rate,
         )
 
     def GetInfo(self, request: scheduler_pb2.GetInfoRequest,
@@ -187,8 +187,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         s = self._stats
         return scheduler_pb2.EngineLoad(
             running_requests=s.running, waiting_requests=s.waiting, used_pages=s.used_pages,
-            total_pages=s.total_pages, cached_pages=s.cached_pages, draining=self._draining,
-            max_running_requests=self.sched.max_running, arrivals=s.arrivals)
+            total_pages=s.total_pages, cached_pages=s.cached_pages, draining=self._draining)
 
     # -- the loop --------------------------------------------------------------------------------
 

@@ -25,7 +25,6 @@ class SchedulerStats:
     decode_tokens: int
     steps: int
     finished: int  # requests that ended, any reason
-    arrivals: int = 0  # requests accepted (queued) since the start
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -37,7 +36,7 @@ class SchedulerStats:
 
     @classmethod
     def of(cls, running: int, waiting: int, inflight_steps: int, kv: KVManager,
-           counters: dict[str, int], arrivals: int = 0) -> SchedulerStats:
+           counters: dict[str, int]) -> SchedulerStats:
         """From the scheduler's queues, its KV manager and its counters."""
         c = counters
         return cls(running=running, waiting=waiting, inflight_steps=inflight_steps,
@@ -46,5 +45,4 @@ class SchedulerStats:
                    used_pages=kv.num_pages - kv.free_pages - kv.cached_pages,
                    prefix_hit_tokens=c["hit"], prefix_query_tokens=c["query"],
                    preemptions=c["preempt"], prefill_tokens=c["prefill"],
-                   decode_tokens=c["decode"], steps=c["steps"], finished=c["done"],
-                   arrivals=arrivals)
+                   decode_tokens=c["decode"], steps=c["steps"], finished=c["done"])

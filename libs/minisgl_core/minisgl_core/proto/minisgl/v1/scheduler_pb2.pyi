@@ -73,22 +73,20 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLoadResponse(_message.Message):
-    __slots__ = ("running_requests", "waiting_requests", "used_pages", "total_pages", "cached_pages", "prefix_hit_rate", "arrivals")
+    __slots__ = ("running_requests", "waiting_requests", "used_pages", "total_pages", "cached_pages", "prefix_hit_rate")
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     USED_PAGES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_PAGES_FIELD_NUMBER: _ClassVar[int]
     CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
-    ARRIVALS_FIELD_NUMBER: _ClassVar[int]
     running_requests: int
     waiting_requests: int
     used_pages: int
     total_pages: int
     cached_pages: int
     prefix_hit_rate: float
-    arrivals: int
-    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., used_pages: _Optional[int] = ..., total_pages: _Optional[int] = ..., cached_pages: _Optional[int] = ..., prefix_hit_rate: _Optional[float] = ..., arrivals: _Optional[int] = ...) -> None: ...
+    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., used_pages: _Optional[int] = ..., total_pages: _Optional[int] = ..., cached_pages: _Optional[int] = ..., prefix_hit_rate: _Optional[float] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()
@@ -123,24 +121,20 @@ class WatchRequest(_message.Message):
     def __init__(self, resume_after: _Optional[int] = ..., load_interval_s: _Optional[float] = ...) -> None: ...
 
 class EngineLoad(_message.Message):
-    __slots__ = ("running_requests", "waiting_requests", "used_pages", "total_pages", "cached_pages", "draining", "max_running_requests", "arrivals")
+    __slots__ = ("running_requests", "waiting_requests", "used_pages", "total_pages", "cached_pages", "draining")
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     USED_PAGES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_PAGES_FIELD_NUMBER: _ClassVar[int]
     CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
-    MAX_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
-    ARRIVALS_FIELD_NUMBER: _ClassVar[int]
     running_requests: int
     waiting_requests: int
     used_pages: int
     total_pages: int
     cached_pages: int
     draining: bool
-    max_running_requests: int
-    arrivals: int
-    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., used_pages: _Optional[int] = ..., total_pages: _Optional[int] = ..., cached_pages: _Optional[int] = ..., draining: bool = ..., max_running_requests: _Optional[int] = ..., arrivals: _Optional[int] = ...) -> None: ...
+    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., used_pages: _Optional[int] = ..., total_pages: _Optional[int] = ..., cached_pages: _Optional[int] = ..., draining: bool = ...) -> None: ...
 
 class WatchResponse(_message.Message):
     __slots__ = ("seq", "snapshot", "stored", "removed", "load", "page_size")
