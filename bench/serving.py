@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from bench.common.certs import make_certs
 from bench.common.prefix_cache import counters, hit_rate
 from bench.common.stream_clients import Result, grpc_request, http_request, httpx_events
 
@@ -218,20 +219,6 @@ async def warm_up_stack(args, url: str, target: str) -> None:
         raise SystemExit(f"the warm-up load failed: {rec['first_errors']}")
 
 
-def _make_certs() -> str:
-    """A fresh CA and service certificates (scripts/gen_internal_certs.py) in a temp dir."""
-    import importlib.util
-    import tempfile
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gen_internal_certs.py"
-    spec = importlib.util.spec_from_file_location("gen_internal_certs", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    out = tempfile.mkdtemp(prefix="minisgl-certs-")
-    module.generate(Path(out))
-    return out
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
@@ -351,7 +338,7 @@ def _run_stack(args, levels: list[int], workload, record: dict, otel: str) -> li
         worker_args = ["--load-format", args.load_format, *shlex.split(args.worker_args)]
         tls_dir = ""
         if args.internal_auth == "mtls":
-            tls_dir = args.internal_tls_dir or _make_certs()
+            tls_dir = args.internal_tls_dir or make_certs()
         record["internal_auth"] = args.internal_auth
         stack = Stack(StackConfig(model_path=args.model, http_port=free_port(),
                                   grpc_port=free_port(),

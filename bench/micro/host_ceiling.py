@@ -83,7 +83,8 @@ def main() -> int:
 
     from minisgl.launcher import Stack, StackConfig, free_port
 
-    from bench.serving import _make_certs, build_workload, run_load
+    from bench.common.certs import make_certs
+    from bench.serving import build_workload, run_load
 
     class NullWorkerStack(Stack):
         def _command(self, name: str) -> list[str]:
@@ -98,7 +99,7 @@ def main() -> int:
         log_dir=Path("/tmp/minisgl-ceiling-logs"),
         log_level=os.environ.get("CEILING_LOG", "warning"), metrics=False,
         gateway_replicas=args.gateway_replicas, internal_token=args.internal_auth != "none",
-        internal_tls_dir=_make_certs() if args.internal_auth == "mtls" else "")).start()
+        internal_tls_dir=make_certs() if args.internal_auth == "mtls" else "")).start()
     try:
         print("pids", {k: p.pid for k, p in stack.processes.items()}, flush=True)
         args.workload, args.request_rate = "random", 0.0

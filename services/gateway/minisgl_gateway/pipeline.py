@@ -100,9 +100,9 @@ class Pipeline:
 
     def cancel(self, seqs: list[Sequence]) -> None:
         """The client no longer wants these: abort upstream with the next ConnectRequest."""
-        by_engine: dict[Engine, list[Sequence]] = {}
+        by_engine: dict[Upstream, list[Sequence]] = {}
         for seq in seqs:
-            if not seq.done and isinstance(seq.engine, Engine):
+            if not seq.done and seq.engine is not None:
                 by_engine.setdefault(seq.engine, []).append(seq)
             seq.end(None)
         for engine, mine in by_engine.items():

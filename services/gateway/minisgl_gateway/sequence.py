@@ -22,6 +22,8 @@ class Upstream(Protocol):
 
     def abort(self, rid: int, stop: bool = False) -> None: ...
 
+    def cancel(self, seqs: list[Sequence]) -> None: ...
+
 
 @dataclass(slots=True)
 class StepEvent:
