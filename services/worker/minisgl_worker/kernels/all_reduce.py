@@ -35,6 +35,11 @@ from ..distributed.peer_buffers import PeerBuffers, exchange, peer_access_ok
 
 log = logging.getLogger(__name__)
 
+# A rank that waits this long for a peer at the barrier (the peer died, or its process hangs)
+# traps: a CUDA error in this process, so its step fails and the engine is seen to be lost,
+# instead of a kernel that never ends. As long as the TP group's own collective timeout (a peer
+# may legitimately lag by a first-use kernel compile).
+TIMEOUT_NS: tl.constexpr = tl.constexpr(300 * 10**9)
 MAX_PROGRAMS = 128  # <= the SM count: every program resident
 BLOCK = 1024  # elements a program moves per iteration (8 per thread at 4 warps: 16 B for bf16)
 # Larger messages go to NCCL. On 2 H200s (bench/micro/all_reduce.py, per op inside a CUDA graph)
@@ -70,6 +75,17 @@ def _rank_delta(r: tl.constexpr, d0, d1, d2, d3, d4, d5, d6, d7):
 
 
 @triton.jit
+def _now_ns():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _trap():
+    tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD: tl.constexpr):
     """Meet program `pid` of every other rank at `epoch`, then record the epoch."""
     # Every thread's stores are done before the flags say so (release is cumulative over
@@ -83,8 +99,13 @@ def _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD: tl.constexpr):
     for r in tl.static_range(WORLD):
         if r != rank:
             seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire", scope="sys")
-            while seen < epoch:
-                seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire", scope="sys")
+            if seen < epoch:
+                start = _now_ns()
+                while seen < epoch:
+                    if _now_ns() - start > TIMEOUT_NS:
+                        _trap()  # the peer never came: fail the context, do not hang
+                    seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire",
+                                         scope="sys")
     tl.debug_barrier()
     tl.store(counter_ptr + pid, epoch)
 
