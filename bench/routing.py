@@ -13,8 +13,11 @@ Workload: `num_groups` system prompts of `system_prompt_len` random token ids, e
 `prompts_per_group` questions of `question_len` ids; all requests (shuffled) go out at once, at
 most `concurrency` in flight, each generating `output_len` tokens (ignore_eos). Every policy runs
 on the same engines with fresh prompts (a different seed), so none finds another's prefixes.
-Output: one JSON line per run (mode, policy, throughput, TTFT p50/p99, prefix-cache hit rate from
-the engines' own metrics, errors), the parameters on each.
+Output: one JSON line per run (mode, policy, throughput, TTFT p50/p90/p99, prefix-cache hit rate
+from the engines' own metrics, errors; per engine the requests it finished, the p50/p99 of its
+queue time (arrival to first scheduled, from its histogram: a bucket's upper bound), and the
+longest waiting queue and most running requests its load showed, polled every 50 ms), the
+parameters on each. `--gateway-args` passes flags to every gateway (e.g. a balance threshold).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 from minisgl.launcher import Stack, StackConfig, free_port
 from minisgl_core.serving import wait_for_health
 
+from bench.common.engine_probe import LoadProbe, scrape
 from bench.common.stream_clients import grpc_request
 
 LOG_DIR = Path("/tmp/minisgl-bench-routing")
@@ -90,31 +94,16 @@ def _drive_part(target: str, prompts: list[list[int]], output_len: int,
 
 # -- engines and gateways ---------------------------------------------------------------------
 
-def _scrape(port: int) -> tuple[float, float]:
-    """(prefix-cache hit tokens, query tokens) of one engine."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    hits = queries = 0.0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "minisgl_prefix_cache_hits_total":
-                hits += s.value
-            elif s.name == "minisgl_prefix_cache_queries_total":
-                queries += s.value
-    return hits, queries
-
-
-def _start_gateways(stack: Stack, schedulers: list[str], policy: str, replicas: int
-                    ) -> tuple[str, list[subprocess.Popen[bytes]]]:
+def _start_gateways(stack: Stack, schedulers: list[str], policy: str, replicas: int,
+                    gateway_args: str = "") -> tuple[str, list[subprocess.Popen[bytes]]]:
     http, grpc_port = free_port(), free_port()
     procs = []
     for i in range(replicas):
         cmd = [sys.executable, "-m", "minisgl_gateway", "--port", str(http), "--grpc-port",
                str(grpc_port), "--tokenizer", stack.target("tokenizer"), "--detokenizer",
                stack.target("detokenizer"), "--scheduler", ",".join(schedulers), "--routing",
-               policy, "--max-concurrent-requests", "100000", "--log-level", "warning"]
+               policy, "--max-concurrent-requests", "100000", "--log-level", "warning",
+               *shlex.split(gateway_args)]
         if replicas > 1:
             cmd.append("--reuse-port")
         log = open(LOG_DIR / f"gateway-{policy}-{http}-{i}.log", "wb")  # noqa: SIM115
@@ -161,27 +150,32 @@ def run_one(args: argparse.Namespace, stack: Stack, engines: list[int], mode: st
                     args.question_len, args.output_len)
     keys = [stack.engine_key("scheduler", i) for i in engines]
     target, gateways = _start_gateways(stack, [stack.target(k) for k in keys], policy,
-                                       args.gateway_replicas)
+                                       args.gateway_replicas, args.gateway_args)
     try:
         _drive_part(target, [[7, 8, 9, 10]], 4, 1)  # warm-up: one short request
         config = json.loads((Path(args.model) / "config.json").read_text())
         prompts = work.requests(seed, int(config.get("vocab_size", 30000)))
-        before = [_scrape(stack.metrics_ports[k]) for k in keys]
+        before = [scrape(stack.metrics_ports[k]) for k in keys]
         parts = max(1, min(args.client_processes, len(prompts)))
         slices = [prompts[i::parts] for i in range(parts)]
-        start = time.perf_counter()
         with ProcessPoolExecutor(parts) as pool:
-            futures = [pool.submit(_drive_part, target, s, work.output_len,
-                                   -(-args.concurrency // parts)) for s in slices]
-            results = [r for f in futures for r in f.result()]
-        elapsed = time.perf_counter() - start
-        after = [_scrape(stack.metrics_ports[k]) for k in keys]
+            pool.submit(int).result()  # fork the clients before the probe opens gRPC channels
+            probe = LoadProbe([stack.target(k) for k in keys]).start()
+            start = time.perf_counter()
+            try:
+                futures = [pool.submit(_drive_part, target, s, work.output_len,
+                                       -(-args.concurrency // parts)) for s in slices]
+                results = [r for f in futures for r in f.result()]
+                elapsed = time.perf_counter() - start
+            finally:
+                traces = probe.stop()
+        after = [scrape(stack.metrics_ports[k]) for k in keys]
     finally:
         _stop(gateways)
     ok = [r for r in results if r[0]]
     ttfts = sorted(r[1] for r in ok if r[1])
-    hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
-    queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+    deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
+    hits, queries = sum(d.hits for d in deltas), sum(d.queries for d in deltas)
 
     def pct(q: float) -> float:
         return round(ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))], 4) if ttfts else 0.0
@@ -194,10 +188,17 @@ def run_one(args: argparse.Namespace, stack: Stack, engines: list[int], mode: st
         "output_tok_s": round(sum(r[2] for r in ok) / elapsed, 1),
         "request_s": round(len(ok) / elapsed, 2),
         "ttft_p50_s": round(statistics.median(ttfts), 4) if ttfts else 0.0,
-        "ttft_p99_s": pct(0.99),
+        "ttft_p90_s": pct(0.90), "ttft_p99_s": pct(0.99),
         "hit_rate": round(hits / queries, 4) if queries else 0.0,
+        # per engine: a TTFT tail made of queueing inside an engine shows in its queue times
+        "engine_requests": [int(d.finished) for d in deltas],
+        "engine_queue_p50_s": [d.queue_quantile(0.5) for d in deltas],
+        "engine_queue_p99_s": [d.queue_quantile(0.99) for d in deltas],
+        "engine_max_waiting": [t.max_waiting for t in traces],
+        "engine_max_running": [t.max_running for t in traces],
         **asdict(work), "concurrency": args.concurrency,
-        "gateway_replicas": args.gateway_replicas, "model": args.model,
+        "gateway_replicas": args.gateway_replicas, "gateway_args": args.gateway_args,
+        "model": args.model,
         "device": args.device,
     }
 
@@ -246,6 +247,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--client-processes", type=int, default=4)
     p.add_argument("--worker-args", default="")
     p.add_argument("--scheduler-args", default="")
+    p.add_argument("--gateway-args", default="",
+                   help="extra gateway flags, e.g. \"--routing-balance-threshold 8\"")
     p.add_argument("--json", default="", help="also append the JSON lines to this file")
     return p.parse_args(argv)
 

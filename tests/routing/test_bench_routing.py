@@ -26,3 +26,8 @@ def test_bench_routing_cpu_smoke(tiny_model_path: Path) -> None:
     assert rec["requests"] == 9 and rec["output_tok_s"] > 0 and rec["ttft_p99_s"] > 0
     # 3 groups x 3 prompts: at least the later prompts of each group find their prefix.
     assert rec["hit_rate"] > 0.3
+    # Per engine, from its metrics and its polled load: the two engines finished the 9 requests,
+    # each queue-time quantile is a histogram bucket bound, the load was seen at least running.
+    assert len(rec["engine_requests"]) == 2 and sum(rec["engine_requests"]) == 9
+    assert all(isinstance(q, float) for q in rec["engine_queue_p99_s"] if q is not None)
+    assert len(rec["engine_max_waiting"]) == 2 and rec["gateway_args"] == ""
