@@ -6,11 +6,12 @@ load runs (the longest waiting queue and the most running requests seen)."""
 from __future__ import annotations
 
 import threading
-import urllib.request
 from dataclasses import dataclass, field
 
 import grpc
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+from bench.common import prefix_cache
 
 QUEUE_HISTOGRAM = "minisgl_request_queue_time_seconds"
 
@@ -44,16 +45,12 @@ class EngineCounters:
 def scrape(port: int) -> EngineCounters:
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
+    text = prefix_cache.read(f"http://127.0.0.1:{port}/metrics")
     out = EngineCounters()
+    out.hits, out.queries = prefix_cache.counters_in(text, "minisgl")
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == "minisgl_prefix_cache_hits_total":
-                out.hits += s.value
-            elif s.name == "minisgl_prefix_cache_queries_total":
-                out.queries += s.value
-            elif s.name == "minisgl_request_success_total":
+            if s.name == "minisgl_request_success_total":
                 out.finished += s.value
             elif s.name == QUEUE_HISTOGRAM + "_bucket":
                 le = float(s.labels["le"])

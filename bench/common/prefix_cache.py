@@ -10,11 +10,19 @@ NAMES = {"minisgl": ("minisgl_prefix_cache_hits_total", "minisgl_prefix_cache_qu
          "vllm": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")}
 
 
+def read(metrics_url: str) -> str:
+    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
+        return str(reply.read().decode())
+
+
 def counters(metrics_url: str, engine: str) -> tuple[float, float]:
     """(hit tokens, queried tokens) summed over label sets; (0, 0) when the names are absent."""
+    return counters_in(read(metrics_url), engine)
+
+
+def counters_in(text: str, engine: str) -> tuple[float, float]:
+    """`counters` of a /metrics page already read."""
     hits_name, queries_name = NAMES[engine]
-    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
-        text = reply.read().decode()
     hits = queries = 0.0
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
