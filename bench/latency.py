@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.common import jsonl
 from bench.common.roofline import ModelShape, measure_hbm_bandwidth
 
 
@@ -78,9 +79,7 @@ def main() -> int:
         record.update({"hbm_tb_s": round(bw / 1e12, 2), "roofline_tok_s": round(1 / floor, 1),
                        "pct_of_roofline": round(100 * record["decode_tok_s_bs1"] * floor, 1)})
     print(json.dumps(record))
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(record) + "\n")
+    jsonl.append(args.json, [record])
     return 0
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import jsonl
 from bench.common.roofline import ModelShape, measure_hbm_bandwidth, roofline_seconds
 
 EXPECTED_TOKENS = (142_827, 133_966)
@@ -92,9 +93,7 @@ def main() -> int:
         assert outputs[0] == outputs[1], "overlap on/off gave different greedy outputs"
     for record in records:
         print(json.dumps(record))
-        if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        jsonl.append(args.json, [record])
     return 0
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.common import jsonl
+
 FLOPS_FORMULA = ("2*P_nonembedding*sum(L) + sum_seq(2*2*n_layers*H_q*head_dim*L^2/2); "
                  "P_nonembedding: attention + MLP projections a token passes (MoE: k experts + "
                  "router), no embedding, no LM head")
@@ -189,9 +191,7 @@ def main() -> int:
                                 args.tp_size),
                   "cached_tokens": max(c for _, c in timed)}
         print(json.dumps(record), flush=True)
-        if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        jsonl.append(args.json, [record])
     llm.close()
     return 0
 

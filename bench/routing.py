@@ -41,6 +41,7 @@ from pathlib import Path
 from minisgl.launcher import Stack, StackConfig, free_port
 from minisgl_core.serving import wait_for_health
 
+from bench.common import jsonl
 from bench.common.engine_probe import LoadProbe, scrape
 from bench.common.stream_clients import grpc_request
 
@@ -304,9 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         base = float(single["output_tok_s"]) or 1.0  # type: ignore[arg-type]
         emit({"summary": {p: round(float(r["output_tok_s"]) / base, 3)  # type: ignore[arg-type]
                           for p, r in routed.items()}, "vs": "single engine throughput"})
-    if args.json:
-        with open(args.json, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
+    jsonl.append(args.json, records)
     return 0 if all(not r.get("errors") for r in records) else 1
 
 

@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from bench.common import jsonl
 from bench.common.certs import make_certs
 from bench.common.prefix_cache import counters, hit_rate
 from bench.common.stream_clients import Result, grpc_request, http_request, httpx_events
@@ -283,9 +284,7 @@ def main() -> int:
             ratio = {"concurrency": level, "otel_on_over_off": round(
                 by_mode[("on", level)] / by_mode[("off", level)], 4)}
             print(json.dumps(ratio), flush=True)
-    if args.json:
-        with open(args.json, "a") as f:
-            f.writelines(json.dumps(rec) + "\n" for rec in records)
+    jsonl.append(args.json, records)
     return 0
 
 

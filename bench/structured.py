@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import jsonl
+
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"},
                                            "text": {"type": "string"}},
           "required": ["id", "text"], "additionalProperties": False}
@@ -193,9 +195,7 @@ def main() -> int:
             print(json.dumps(rec), flush=True)
     finally:
         stack.stop()
-    if args.json:
-        with open(args.json, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
+    jsonl.append(args.json, records)
     return 0
 
 

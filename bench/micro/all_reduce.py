@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bench.common import jsonl
+
 SIZES = [8 << 10, 32 << 10, 128 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20]
 
 
@@ -221,9 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in results[0]["rows"]:
         row.update(world=a.world, device=results[0]["device"], check="ok" if ok else "FAILED")
         print(json.dumps(row))
-        if a.json:
-            with open(a.json, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        jsonl.append(a.json, [row])
     return 0 if ok else 1
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from minisgl_worker.layers import fused_ops
 
+from bench.common import jsonl
 from bench.common.gpu_timing import graph_replay_ms
 
 # name -> (hidden, intermediate, q heads, kv heads, head_dim, vocab)
@@ -107,9 +108,7 @@ def main() -> int:
             rec = run_case(model, name, n, k, args.sweep, args.repeats)
             ok &= rec["ours_err"] <= 2 * rec["cublas_err"] + 2 ** -8
             print(json.dumps(rec), flush=True)
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+            jsonl.append(args.json, [rec])
     print("OK" if ok else "FAIL: a GEMV error beyond cuBLAS's")
     return 0 if ok else 1
 

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.common import jsonl
+
 DEFAULT_SITE = "/tmp/vsite"
 
 # Kept in every process the peer starts (vLLM's own workers inherit os.environ).
@@ -95,11 +97,8 @@ def device_name() -> str:
 
 
 def emit(record: dict[str, Any], json_path: str | None) -> None:
-    line = json.dumps(record)
-    print(line, flush=True)
-    if json_path:
-        with open(json_path, "a") as f:
-            f.write(line + "\n")
+    print(json.dumps(record), flush=True)
+    jsonl.append(json_path, [record])
 
 
 def shutdown_and_exit(llm: Any) -> None:

@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from bench.common import jsonl
 from bench.offline import workload
 
 TOTALS: dict[str, float] = defaultdict(float)
@@ -109,9 +110,7 @@ def main() -> int:
                    for k in sorted(TOTALS, key=lambda k: -TOTALS[k]) if CALLS[k]},
     }
     print(json.dumps(record, indent=1))
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(record) + "\n")
+    jsonl.append(args.json, [record])
     llm.close()
     return 0
 

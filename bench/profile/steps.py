@@ -16,6 +16,8 @@ import random
 import sys
 import time
 
+from bench.common import jsonl
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -75,9 +77,7 @@ def main() -> int:
     print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70))
     if args.trace:
         prof.export_chrome_trace(args.trace)
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(record) + "\n")
+    jsonl.append(args.json, [record])
     llm.close()
     return 0
 
