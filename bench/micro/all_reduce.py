@@ -5,8 +5,8 @@ odd sizes, eager and graph-replayed, sizes alternating so programs' epochs drift
 
     python -m bench.micro.all_reduce --world 2 [--json FILE]
 
-One JSON line per size: {"bytes", "nccl_us", "push_us", "pull_us", "push_speedup", ...} (both
-variants of the kernel); exits 1 if a check fails.
+One JSON line per size: {"bytes", "nccl_us", "custom_us", "speedup", "ar_then_norm_us",
+"fused_norm_us"}; exits 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bench.common import jsonl
+from bench.common.gpu_timing import graph_us
 
 SIZES = [8 << 10, 32 << 10, 128 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20]
 
@@ -96,30 +97,10 @@ def _check_add_rmsnorm(ar: Any, rank: int, device: torch.device) -> list[str]:
     return bad
 
 
-def _time(fn: Any, x: torch.Tensor, ops: int, device: torch.device) -> float:
-    """Microseconds per all-reduce inside a graph of `ops` of them."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(x)
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(ops):
-            fn(x)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize(device)
-    dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = 10
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * ops)
+def _time(fn: Any, x: torch.Tensor, ops: int) -> float:
+    """Microseconds per all-reduce inside a graph of `ops` of them (the ranks replay their
+    graphs together: every all-reduce in them waits for the other ranks)."""
+    return graph_us(lambda _: fn(x), iters=10, layers=ops)
 
 
 def _time_norms(ar: Any, x: torch.Tensor, ops: int, device: torch.device) -> dict[str, float]:
@@ -134,8 +115,8 @@ def _time_norms(ar: Any, x: torch.Tensor, ops: int, device: torch.device) -> dic
     def one(t: torch.Tensor) -> None:
         ar.add_rmsnorm(t, res, w, 1e-6)
 
-    return {"ar_then_norm_us": round(_time(two, x, ops, device), 2),
-            "fused_norm_us": round(_time(one, x, ops, device), 2)}
+    return {"ar_then_norm_us": round(_time(two, x, ops), 2),
+            "fused_norm_us": round(_time(one, x, ops), 2)}
 
 
 def _rank_main(rank: int, world: int, port: int, ops: int, out: Any) -> None:
@@ -146,29 +127,23 @@ def _rank_main(rank: int, world: int, port: int, ops: int, out: Any) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, device_id=device)
     cpu = dist.new_group(backend="gloo")
-    kernels = {mode: OneShotAllReduce.create(rank, world, cpu, device, max_bytes=max(SIZES),
-                                             push=mode == "push") for mode in ("push", "pull")}
-    if any(ar is None for ar in kernels.values()):
+    ar = OneShotAllReduce.create(rank, world, cpu, device, max_bytes=max(SIZES))
+    if ar is None:
         out.put((rank, {"error": "no peer access between the GPUs"}))
         return
     print(f"rank {rank}: peer buffers mapped", flush=True)
-    bad = []
-    for mode, ar in kernels.items():
-        bad += [f"{mode}: {b}" for b in _check(ar, rank, world, device)]
+    bad = _check(ar, rank, world, device)
     print(f"rank {rank}: checks done ({len(bad)} failed)", flush=True)
     rows = []
     for nbytes in SIZES:
         x = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
         row: dict[str, Any] = {"bytes": nbytes,
-                               "nccl_us": round(_time(lambda t: dist.all_reduce(t), x, ops,
-                                                      device), 2)}
-        for mode, ar in kernels.items():
-            if ar is not None and ar.supports(x):
-                row[f"{mode}_us"] = round(_time(ar, x, ops, device), 2)
-                row[f"{mode}_speedup"] = round(row["nccl_us"] / row[f"{mode}_us"], 2)
-        push = kernels["push"]
-        if push is not None and push.supports(x) and x.numel() % 4096 == 0:
-            row.update(_time_norms(push, x.view(-1, 4096), ops, device))
+                               "nccl_us": round(_time(lambda t: dist.all_reduce(t), x, ops), 2)}
+        if ar.supports(x):
+            row["custom_us"] = round(_time(ar, x, ops), 2)
+            row["speedup"] = round(row["nccl_us"] / row["custom_us"], 2)
+            if x.numel() % 4096 == 0:
+                row.update(_time_norms(ar, x.view(-1, 4096), ops, device))
         rows.append(row)
     out.put((rank, {"bad": bad, "rows": rows, "device": torch.cuda.get_device_name(device)}))
     dist.barrier()

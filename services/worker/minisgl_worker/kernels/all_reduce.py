@@ -4,8 +4,8 @@ Why: a TP decode step all-reduces twice per layer (after attention's and the MLP
 projections), a few KB at batch 1 and a few MB at batch 256. NCCL's latency for such messages
 (~10-20 us with NVLink multicast off, as it must stay on these machines) is paid 2 x layers times a
 step. Here one kernel does it: every rank stores its input into its slot of every rank's IPC-mapped
-buffer (push; or, pull, into its own buffer for the others to load over NVLink), meets the same
-program of every other rank at a flag barrier, then sums the slots (fp32, rank order: every rank
+buffer (remote stores are posted, many in flight at once), meets the same program of every
+other rank at a flag barrier, then sums the slots (fp32, rank order: every rank
 gets bit-identical sums, which TP sampling needs).
 Message sizes past `max_bytes` and shapes it does not take go to NCCL (`supports`).
 
@@ -44,7 +44,8 @@ MAX_PROGRAMS = 128  # <= the SM count: every program resident
 BLOCK = 1024  # elements a program moves per iteration (8 per thread at 4 warps: 16 B for bf16)
 # Larger messages go to NCCL. On 2 H200s (bench/micro/all_reduce.py, per op inside a CUDA graph)
 # push took 4.0 / 6.2 / 12.2 / 36.9 us at 8 KiB / 512 KiB / 2 MiB / 8 MiB against NCCL's 15.7 /
-# 19.0 / 37.9 / 56.5 (pull: 4.4 / 7.5 / 14.8 / 43.6).
+# 19.0 / 37.9 / 56.5. (A pull variant, each rank loading the others' buffers over NVLink, took
+# 4.4 / 7.5 / 14.8 / 43.6 and was dropped: docs/benchmarks/log/2026-11-26-tp.md.)
 DEFAULT_MAX_BYTES = 8 << 20
 # One-shot reads world x the message on each rank: past 2 ranks keep it to small messages.
 MAX_BYTES_PAST_TWO = 512 << 10
@@ -112,13 +113,11 @@ def _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD: tl.constexpr):
 
 @triton.jit
 def _one_shot_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, flag_ptrs,
-                         counter_ptr, n, slot, rank, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                         PUSH: tl.constexpr):
+                         counter_ptr, n, slot, rank, WORLD: tl.constexpr, BLOCK: tl.constexpr):
     # buf_ptr: this rank's buffer (x's dtype); rank r's buffer, as mapped here: buf_ptr + d_r.
-    # A buffer is [2 epoch parities][WORLD slots][slot elements]. PUSH: each rank stores its
-    # input into slot `rank` of every rank's buffer (remote stores are posted, so many are in
-    # flight at once), then sums its own buffer's slots with local loads. Pull: each rank
-    # stores into slot 0 of its own buffer and loads every peer's slot 0 over NVLink.
+    # A buffer is [2 epoch parities][WORLD slots][slot elements]. Each rank stores its input
+    # into slot `rank` of every rank's buffer (remote stores are posted, so many are in flight
+    # at once), then sums its own buffer's slots with local loads.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tl.load(counter_ptr + pid) + 1
@@ -128,22 +127,16 @@ def _one_shot_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, flag_pt
         offs = tl.multiple_of(start, BLOCK) + cols
         m = offs < n
         v = tl.load(x_ptr + offs, mask=m)
-        if PUSH:
-            for r in tl.static_range(WORLD):
-                dst = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
-                tl.store(dst + rank * slot + offs, v, mask=m)
-        else:
-            tl.store(buf_ptr + base + offs, v, mask=m)
+        for r in tl.static_range(WORLD):
+            dst = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
+            tl.store(dst + rank * slot + offs, v, mask=m)
     _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD)
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         offs = tl.multiple_of(start, BLOCK) + cols
         m = offs < n
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for r in tl.static_range(WORLD):
-            if PUSH:
-                src = buf_ptr + base + r * slot
-            else:
-                src = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
+            src = buf_ptr + base + r * slot
             # .cg: past L1, whose lines may hold this half from two epochs ago.
             acc += tl.load(src + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
         tl.store(x_ptr + offs, acc.to(x_ptr.dtype.element_ty), mask=m)
@@ -155,7 +148,7 @@ def _one_shot_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1
                                  WORLD: tl.constexpr, BLOCK: tl.constexpr):
     """x [rows, D]: this rank's partial sums (left as they are). residual += sum over ranks of x;
     out = RMSNorm(residual) * w, in the activation dtype, with the arithmetic of
-    fused_kernels._rmsnorm_kernel after a plain all-reduce (the same bits). Push only."""
+    fused_kernels._rmsnorm_kernel after a plain all-reduce (the same bits)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tl.load(counter_ptr + pid) + 1
@@ -185,17 +178,16 @@ class OneShotAllReduce:
     """In-place sum of a tensor over the TP ranks. Build with `create` (collective)."""
 
     def __init__(self, data: PeerBuffers, flags: PeerBuffers, rank: int, world: int,
-                 max_bytes: int, push: bool = True) -> None:
+                 max_bytes: int) -> None:
         self.data, self.flags = data, flags
         self.rank, self.world = rank, world
         self.max_bytes = max_bytes
-        self.push = push
         self.counter = torch.zeros(MAX_PROGRAMS, dtype=torch.int32, device=data.local.device)
         self._by_dtype: dict[torch.dtype, tuple[torch.Tensor, list[int]]] = {}
 
     @classmethod
     def create(cls, rank: int, world: int, cpu_group: Any, device: torch.device,
-               max_bytes: int = DEFAULT_MAX_BYTES, push: bool = True) -> OneShotAllReduce | None:
+               max_bytes: int = DEFAULT_MAX_BYTES) -> OneShotAllReduce | None:
         """Every rank calls this together; None (every rank alike) where peer access is missing."""
         ok = torch.tensor([1 if device.type == "cuda" and peer_access_ok(world) else 0])
         torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN, group=cpu_group)
@@ -209,7 +201,7 @@ class OneShotAllReduce:
             max_bytes = min(max_bytes, MAX_BYTES_PAST_TWO)
         data = exchange(2 * world * max_bytes, rank, world, cpu_group, device)
         flags = exchange(MAX_PROGRAMS * world * 4, rank, world, cpu_group, device)
-        return cls(data, flags, rank, world, max_bytes, push)
+        return cls(data, flags, rank, world, max_bytes)
 
     def supports(self, x: torch.Tensor) -> bool:
         return (x.is_cuda and x.dtype in _DTYPES and x.is_contiguous()
@@ -223,8 +215,7 @@ class OneShotAllReduce:
         slot = self.max_bytes // x.element_size()  # elements
         grid = (min(MAX_PROGRAMS, triton.cdiv(n, BLOCK)),)
         _one_shot_all_reduce[grid](x, buf, *deltas, self.flags.ptrs, self.counter, n, slot,
-                                   self.rank, WORLD=self.world, BLOCK=BLOCK, PUSH=self.push,
-                                   num_warps=4)
+                                   self.rank, WORLD=self.world, BLOCK=BLOCK, num_warps=4)
         return x
 
     def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
