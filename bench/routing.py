@@ -17,7 +17,9 @@ Output: one JSON line per run (mode, policy, throughput, TTFT p50/p90/p99, prefi
 from the engines' own metrics, errors; per engine the requests it finished, the p50/p99 of its
 queue time (arrival to first scheduled, from its histogram: a bucket's upper bound), and the
 longest waiting queue and most running requests its load showed, polled every 50 ms), the
-parameters on each. `--gateway-args` passes flags to every gateway (e.g. a balance threshold).
+parameters on each. `--gateway-args` passes flags to every gateway (e.g. a balance threshold);
+a policy written `name:flags` (e.g. `cache_aware:--routing-queue-slack=-1`) adds flags to that
+run's gateways only, so variants of one policy compare on the same engines.
 """
 
 from __future__ import annotations
@@ -150,8 +152,10 @@ def run_one(args: argparse.Namespace, stack: Stack, engines: list[int], mode: st
     work = Workload(args.num_groups, args.prompts_per_group, args.system_prompt_len,
                     args.question_len, args.output_len)
     keys = [stack.engine_key("scheduler", i) for i in engines]
+    policy, _, own_args = policy.partition(":")
+    gateway_args = " ".join(a for a in (args.gateway_args, own_args) if a)
     target, gateways = _start_gateways(stack, [stack.target(k) for k in keys], policy,
-                                       args.gateway_replicas, args.gateway_args)
+                                       args.gateway_replicas, gateway_args)
     try:
         _drive_part(target, [[7, 8, 9, 10]], 4, 1)  # warm-up: one short request
         config = json.loads((Path(args.model) / "config.json").read_text())
@@ -198,7 +202,7 @@ def run_one(args: argparse.Namespace, stack: Stack, engines: list[int], mode: st
         "engine_max_waiting": [t.max_waiting for t in traces],
         "engine_max_running": [t.max_running for t in traces],
         **asdict(work), "concurrency": args.concurrency,
-        "gateway_replicas": args.gateway_replicas, "gateway_args": args.gateway_args,
+        "gateway_replicas": args.gateway_replicas, "gateway_args": gateway_args,
         "model": args.model,
         "device": args.device,
     }
@@ -299,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                 emit(run_one(args, stack, [0], "tp", "round_robin", seed))
             finally:
                 stack.stop()
-    routed = {r["policy"]: r for r in records if r["mode"] == "routed"}
+    routed = {f"{r['policy']} {r['gateway_args']}".strip(): r for r in records
+              if r["mode"] == "routed"}
     single = next((r for r in records if r["mode"] == "single"), None)
     if single and routed:
         base = float(single["output_tok_s"]) or 1.0  # type: ignore[arg-type]

@@ -106,3 +106,64 @@ def test_discovery_static_and_file(tmp_path: Path) -> None:
     assert asyncio.run(Discovery(f"file://{tmp_path}/missing").resolve()) is None
     assert asyncio.run(Discovery("dns:///localhost:7").resolve()) in (
         ["127.0.0.1:7"], ["127.0.0.1:7", "[::1]:7"], ["[::1]:7", "127.0.0.1:7"])
+
+
+def _report(v: EngineView, running: int, waiting: int = 0, cap: int = 8,
+            watchers: int = 1) -> None:
+    v.apply(scheduler_pb2.WatchResponse(seq=v.seq, load=scheduler_pb2.EngineLoad(
+        running_requests=running, waiting_requests=waiting, total_pages=100,
+        max_running_requests=cap, watchers=watchers)))
+
+
+def test_room_counts_the_other_gateways_and_a_reported_queue() -> None:
+    v = _views(1)[0]
+    assert v.room is None  # an engine that does not report its limit
+    _report(v, running=3, watchers=2)
+    assert v.room == 5
+    v.note_routed(())  # this gateway's one since the report, and presumably the other's one
+    assert v.room == 3
+    _report(v, running=8, waiting=2)
+    assert v.room == -2  # already queueing: whatever comes next waits behind those
+
+
+def test_cache_aware_leaves_a_full_engine_for_one_with_room() -> None:
+    prompt = list(range(40))
+    hashes = page_hashes(prompt, PS)
+
+    def engines(home_waiting: int = 0, others_full: bool = False) -> list[EngineView]:
+        views = _views(3)
+        views[0].index = set(hashes)
+        views[1].index = set(hashes[:2])
+        _report(views[0], running=8, waiting=home_waiting)  # at its limit: a new one waits
+        _report(views[1], running=8 if others_full else 6)
+        _report(views[2], running=8 if others_full else 2, waiting=3 if others_full else 0)
+        return views
+
+    views = engines()
+    d = Router("cache_aware", balance_threshold=32).pick(views, prompt)
+    # Among the engines with room, the one with the longest prefix.
+    assert d.view is views[1] and d.reason == "room" and d.predicted_tokens == 2 * PS
+    # Slack lets that many wait where the prefix is; -1 never leaves it.
+    views = engines(home_waiting=1)
+    assert Router("cache_aware", queue_slack=2).pick(views, prompt).view is views[0]
+    assert Router("cache_aware", queue_slack=-1).pick(views, prompt).view is views[0]
+    assert Router("cache_aware", queue_slack=1).pick(views, prompt).view is views[1]
+    # Every engine full: queue where the prefix is.
+    views = engines(others_full=True)
+    d = Router("cache_aware").pick(views, prompt)
+    assert d.view is views[0] and d.reason == "cache"
+
+
+def test_a_burst_on_one_prefix_fills_its_engine_then_spills() -> None:
+    """Between reports a gateway counts what it routed, times the gateways watching: a burst of
+    one group fills its engine's free slots (as this gateway's share of them) and the rest go to
+    the engine with room, where the prefix is then predicted too."""
+    views = _views(2)
+    for v in views:
+        _report(v, running=0, cap=8, watchers=2)
+    router = Router("cache_aware", balance_threshold=32)
+    system = list(range(100, 164))
+    picks = [router.pick(views, system + [i] * PS) for i in range(8)]
+    first = picks[0].view
+    assert [p.view is first for p in picks] == [True] * 4 + [False] * 4
+    assert {p.reason for p in picks[5:]} == {"cache"}  # the spilled copy is followed too

@@ -94,6 +94,9 @@ def test_watch_reports_the_pages_a_request_cached_then_resumes(cluster: Cluster)
             scheduler_pb2.WatchRequest(load_interval_s=0.05), timeout=30) for c in channels]
         firsts = [next(s) for s in streams]
         assert all(f.snapshot and f.page_size == 16 and f.HasField("load") for f in firsts)
+        # The load says the running-request limit and counts the streams: the stack's gateway's
+        # and this one.
+        assert all(f.load.max_running_requests > 0 and f.load.watchers >= 2 for f in firsts)
         client = _client(stack.http_url)
         client.completions.create(model=client.models.list().data[0].id, prompt=prompt,
                                   max_tokens=1)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from minisgl_core.config import DEFAULT_PORTS, ServiceArgs
 
 from minisgl_gateway.discovery import DEFAULT_INTERVAL_S
-from minisgl_gateway.routing import DEFAULT_BALANCE_THRESHOLD, POLICIES
+from minisgl_gateway.routing import DEFAULT_BALANCE_THRESHOLD, DEFAULT_QUEUE_SLACK, POLICIES
 
 
 @dataclass
@@ -36,6 +36,7 @@ class Routing:
 
     policy: str = "cache_aware"  # round_robin | least_load | cache_aware
     balance_threshold: float = DEFAULT_BALANCE_THRESHOLD  # requests; see routing.py
+    queue_slack: int = DEFAULT_QUEUE_SLACK  # requests queued at a full engine; < 0: never spill
     sticky_sessions: bool = False  # a session key keeps its engine (rendezvous hashing)
     discovery_interval: float = DEFAULT_INTERVAL_S  # re-resolving dns:/// and file:// targets
 
@@ -86,6 +87,9 @@ def _parser() -> ServiceArgs:
     args.add("--routing-balance-threshold", r.balance_threshold, "cache_aware/sticky: an engine "
              "more loaded than the least loaded by this many requests takes no cache-affine "
              "traffic", float)
+    args.add("--routing-queue-slack", r.queue_slack, "cache_aware: a request whose prefix is on "
+             "an engine that would queue it behind this many others (its running-request limit "
+             "reached) goes to an engine with a free slot instead; -1: never", int)
     args.add("--sticky-sessions", r.sticky_sessions, "route requests with a session key (OpenAI "
              "`user`, header x-session-id) to the same engine while it is not overloaded", bool)
     args.add("--discovery-interval", r.discovery_interval, "seconds between re-resolutions of a "
@@ -166,7 +170,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
         upstream_timeout=ns.upstream_timeout, limits=limits,
         internal_token_file=ns.internal_token_file, internal_tls_dir=ns.internal_tls_dir,
         routing=Routing(policy=ns.routing, balance_threshold=max(0.0, ns.routing_balance_threshold),
-                        sticky_sessions=ns.sticky_sessions,
+                        sticky_sessions=ns.sticky_sessions, queue_slack=ns.routing_queue_slack,
                         discovery_interval=max(0.05, ns.discovery_interval)),
     )
 

@@ -72,6 +72,22 @@ class EngineView:
         kv = self.load.used_pages / self.load.total_pages if self.load.total_pages else 0.0
         return requests + 0.5 * kv
 
+    @property
+    def room(self) -> float | None:
+        """Requests the engine would start at once if sent now (<= 0: a new one would queue),
+        as this gateway estimates it; None when the engine does not report its limit.
+
+        Since the last report this gateway routed `routed_since_report` here; each of the other
+        gateways watching the engine presumably routed as many (the unbiased guess without
+        their counts). An engine that reports a queue already queues whatever comes next."""
+        cap = self.load.max_running_requests
+        if not cap:
+            return None
+        extra = self.routed_since_report * max(1, self.load.watchers)
+        if self.load.waiting_requests:
+            return -float(self.load.waiting_requests + extra)
+        return float(min(cap - self.load.running_requests - extra, cap - self.inflight))
+
     def matched_pages(self, hashes: Sequence[int], now: float) -> int:
         """Leading pages of a prompt (its page hashes) cached here or predicted to be."""
         n = 0

@@ -76,7 +76,7 @@ class Gateway:
         }
         self._tokenizer = tokenizer_pb2_grpc.TokenizerStub(self._channels["tokenizer"])
         router = Router(config.routing.policy, config.routing.balance_threshold,
-                        config.routing.sticky_sessions)
+                        config.routing.sticky_sessions, config.routing.queue_slack)
         self.pipeline = Pipeline(
             config.scheduler, self._channels["detokenizer"],
             channel_for=lambda target: aio_channel(target, GRPC_OPTIONS, security),

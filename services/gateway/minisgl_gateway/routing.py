@@ -4,7 +4,12 @@ sticky sessions. Pure logic over `EngineView`s (no I/O), unit-tested in tests/ro
 cache_aware: the engine whose prefix cache (exact, from the scheduler's events, plus the
 predictions of engine_view) holds the longest prefix of the prompt, unless its load exceeds the
 least loaded engine's by more than `balance_threshold` requests; then, and when no engine holds any
-page of the prompt, the least loaded one (SMG's cache_aware policy balances the same way).
+page of the prompt, the least loaded one (SMG's cache_aware policy balances the same way). And
+unless that engine is full: when it would queue the request behind `queue_slack` others (its
+running-request limit reached, or a queue reported) while another engine would start it at once,
+the request goes to the engine with room that holds the longest prefix. Waiting for a slot costs
+a request up to a whole generation of the requests ahead of it; recomputing a prefix elsewhere
+costs one prefill.
 sticky: a session key (OpenAI `user`, or the x-session-id header) picks its engine by rendezvous
 hashing over the usable engines, so a session keeps its engine while the set is stable and only
 the sessions of an engine that leaves move; the same balance threshold applies.
@@ -24,6 +29,7 @@ from minisgl_gateway.engine_view import EngineView
 
 POLICIES = ("round_robin", "least_load", "cache_aware")
 DEFAULT_BALANCE_THRESHOLD = 32.0
+DEFAULT_QUEUE_SLACK = 0  # requests that may wait at a full engine holding the prefix; < 0: off
 
 _Hashes = Callable[[EngineView], list[int]]  # a prompt's page hashes at a view's page size
 
@@ -32,18 +38,19 @@ _Hashes = Callable[[EngineView], list[int]]  # a prompt's page hashes at a view'
 class Decision:
     view: EngineView
     predicted_tokens: int  # prompt tokens the policy expects the engine to have cached
-    reason: str  # "cache" | "load" | "round_robin" | "sticky" | "only" (a single engine)
+    reason: str  # "cache" | "room" | "load" | "round_robin" | "sticky" | "only" (one engine)
 
 
 class Router:
     def __init__(self, policy: str = "cache_aware",
                  balance_threshold: float = DEFAULT_BALANCE_THRESHOLD,
-                 sticky: bool = False) -> None:
+                 sticky: bool = False, queue_slack: int = DEFAULT_QUEUE_SLACK) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; one of {', '.join(POLICIES)}")
         self.policy = policy
         self.balance_threshold = balance_threshold
         self.sticky = sticky
+        self.queue_slack = queue_slack
         self._turn = itertools.count()  # round robin
         self._ties = itertools.count()  # which of equally loaded engines comes first
 
@@ -88,8 +95,27 @@ class Router:
             if pages > best_pages or (pages == best_pages and pages and view.score < best.score):
                 best, best_pages = view, pages
         if best_pages and best.score - least.score <= self.balance_threshold:
-            return Decision(best, best_pages * best.page_size, "cache")
+            spill = self._spill(best, views, hashes_for, now)
+            return spill or Decision(best, best_pages * best.page_size, "cache")
         return self._with_prediction(least, hashes_for, now, "load")
+
+    def _spill(self, home: EngineView, views: Sequence[EngineView], hashes_for: _Hashes,
+               now: float) -> Decision | None:
+        """Another engine, with room, for a request `home` would queue; None to stay."""
+        room = home.room
+        if self.queue_slack < 0 or room is None or room > -self.queue_slack:
+            return None
+        best: tuple[int, float, EngineView] | None = None
+        for view in views:
+            other = view.room
+            if view is home or other is None or other <= 0:
+                continue
+            cand = (view.matched_pages(hashes_for(view), now), other, view)
+            if best is None or cand[:2] > best[:2]:
+                best = cand
+        if best is None:  # every engine is full: queue where the prefix is
+            return None
+        return Decision(best[2], best[0] * best[2].page_size, "room")
 
     def _least_loaded(self, views: Sequence[EngineView]) -> EngineView:
         # Ties go round the engines, not always to the first listed.

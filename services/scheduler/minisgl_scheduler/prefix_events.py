@@ -89,6 +89,11 @@ class PrefixEventLog:
                 return Subscription(resume_after, None)
         return Subscription(*self.snapshot(cache))
 
+    @property
+    def subscribers(self) -> int:
+        """Watch streams open now (about one per gateway: routers scale their estimates by it)."""
+        return self._subscribers
+
     def snapshot(self, cache: RadixCache | None) -> tuple[int, list[int]]:
         """(seq, every cached page hash) as of now. Loop thread only."""
         self.flush()

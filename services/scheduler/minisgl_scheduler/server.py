@@ -187,7 +187,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         s = self._stats
         return scheduler_pb2.EngineLoad(
             running_requests=s.running, waiting_requests=s.waiting, used_pages=s.used_pages,
-            total_pages=s.total_pages, cached_pages=s.cached_pages, draining=self._draining)
+            total_pages=s.total_pages, cached_pages=s.cached_pages, draining=self._draining,
+            max_running_requests=self.sched.max_running, watchers=self.events.subscribers)
 
     # -- the loop --------------------------------------------------------------------------------
 

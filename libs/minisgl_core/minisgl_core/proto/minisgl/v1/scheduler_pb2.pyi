@@ -121,20 +121,24 @@ class WatchRequest(_message.Message):
     def __init__(self, resume_after: _Optional[int] = ..., load_interval_s: _Optional[float] = ...) -> None: ...
 
 class EngineLoad(_message.Message):
-    __slots__ = ("running_requests", "waiting_requests", "used_pages", "total_pages", "cached_pages", "draining")
+    __slots__ = ("running_requests", "waiting_requests", "used_pages", "total_pages", "cached_pages", "draining", "max_running_requests", "watchers")
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     USED_PAGES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_PAGES_FIELD_NUMBER: _ClassVar[int]
     CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WATCHERS_FIELD_NUMBER: _ClassVar[int]
     running_requests: int
     waiting_requests: int
     used_pages: int
     total_pages: int
     cached_pages: int
     draining: bool
-    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., used_pages: _Optional[int] = ..., total_pages: _Optional[int] = ..., cached_pages: _Optional[int] = ..., draining: bool = ...) -> None: ...
+    max_running_requests: int
+    watchers: int
+    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., used_pages: _Optional[int] = ..., total_pages: _Optional[int] = ..., cached_pages: _Optional[int] = ..., draining: bool = ..., max_running_requests: _Optional[int] = ..., watchers: _Optional[int] = ...) -> None: ...
 
 class WatchResponse(_message.Message):
     __slots__ = ("seq", "snapshot", "stored", "removed", "load", "page_size")
