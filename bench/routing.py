@@ -13,13 +13,14 @@ Workload: `num_groups` system prompts of `system_prompt_len` random token ids, e
 `prompts_per_group` questions of `question_len` ids; all requests (shuffled) go out at once, at
 most `concurrency` in flight, each generating `output_len` tokens (ignore_eos). Every policy runs
 on the same engines with fresh prompts (a different seed), so none finds another's prefixes.
-Output: one JSON line per run (mode, policy, throughput, TTFT p50/p90/p99, prefix-cache hit rate
-from the engines' own metrics, errors; per engine the requests it finished, the p50/p99 of its
-queue time (arrival to first scheduled, from its histogram: a bucket's upper bound), and the
-longest waiting queue and most running requests its load showed, polled every 50 ms), the
-parameters on each. `--gateway-args` passes flags to every gateway (e.g. a balance threshold);
-a policy written `name:flags` (e.g. `cache_aware:--routing-queue-slack=-1`) adds flags to that
-run's gateways only, so variants of one policy compare on the same engines.
+Output: one JSON line per run (mode, policy, throughput, TTFT p50/p90/p99 and p50/p99 past the
+opening burst, prefix-cache hit rate from the engines' own metrics, errors; per engine the
+requests it finished, its preemptions, the p50/p99 of its queue time (arrival to first
+scheduled, from its histogram: a bucket's upper bound), and the longest waiting queue and most
+running requests its load showed, polled every 50 ms), the parameters on each. `--gateway-args`
+passes flags to every gateway (e.g. a balance threshold); a policy written `name:flags` (e.g.
+`cache_aware:--routing-queue-slack=-1`) adds flags to that run's gateways only, so variants of
+one policy compare on the same engines.
 """
 
 from __future__ import annotations
@@ -71,27 +72,31 @@ class Workload:
 
 # -- client (in worker processes: one Python event loop tops out well below two GPUs) ----------
 
+_Result = tuple[bool, float, int, str, bool]  # ok, TTFT, output tokens, error, in the burst
+
+
 async def _one(stub: object, pb: object, prompt: list[int], output_len: int,
-               sem: asyncio.Semaphore) -> tuple[bool, float, int, str]:
+               sem: asyncio.Semaphore, burst: bool) -> _Result:
     async with sem:
         r = await grpc_request(stub, pb, prompt, output_len, temperature=0.0)
-    return r.ok, r.ttft, r.output_tokens, r.error[:200]
+    return r.ok, r.ttft, r.output_tokens, r.error[:200], burst
 
 
 async def _drive(target: str, prompts: list[list[int]], output_len: int,
-                 concurrency: int) -> list[tuple[bool, float, int, str]]:
+                 concurrency: int) -> list[_Result]:
     import grpc
     from minisgl_core.proto.minisgl.v1 import generation_pb2, generation_pb2_grpc
 
     async with grpc.aio.insecure_channel(target) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         sem = asyncio.Semaphore(max(1, concurrency))
-        return await asyncio.gather(*(_one(stub, generation_pb2, p, output_len, sem)
-                                      for p in prompts))
+        # The semaphore is FIFO: the first `concurrency` requests go out at once (the burst).
+        return await asyncio.gather(*(_one(stub, generation_pb2, p, output_len, sem,
+                                           i < concurrency) for i, p in enumerate(prompts)))
 
 
 def _drive_part(target: str, prompts: list[list[int]], output_len: int,
-                concurrency: int) -> list[tuple[bool, float, int, str]]:
+                concurrency: int) -> list[_Result]:
     return asyncio.run(_drive(target, prompts, output_len, concurrency))
 
 
@@ -179,11 +184,12 @@ def run_one(args: argparse.Namespace, stack: Stack, engines: list[int], mode: st
         _stop(gateways)
     ok = [r for r in results if r[0]]
     ttfts = sorted(r[1] for r in ok if r[1])
+    later = sorted(r[1] for r in ok if r[1] and not r[4])
     deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
     hits, queries = sum(d.hits for d in deltas), sum(d.queries for d in deltas)
 
-    def pct(q: float) -> float:
-        return round(ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))], 4) if ttfts else 0.0
+    def pct(q: float, xs: list[float] = ttfts) -> float:
+        return round(xs[min(len(xs) - 1, int(q * len(xs)))], 4) if xs else 0.0
 
     return {
         "mode": mode, "policy": policy, "engines": len(engines),
@@ -194,11 +200,15 @@ def run_one(args: argparse.Namespace, stack: Stack, engines: list[int], mode: st
         "request_s": round(len(ok) / elapsed, 2),
         "ttft_p50_s": round(statistics.median(ttfts), 4) if ttfts else 0.0,
         "ttft_p90_s": pct(0.90), "ttft_p99_s": pct(0.99),
+        # Past the opening burst (the first `concurrency` requests, all sent at once): steady
+        # state, where a request waits only for what routing put ahead of it.
+        "ttft_after_burst_p50_s": pct(0.5, later), "ttft_after_burst_p99_s": pct(0.99, later),
         "hit_rate": round(hits / queries, 4) if queries else 0.0,
         # per engine: a TTFT tail made of queueing inside an engine shows in its queue times
         "engine_requests": [int(d.finished) for d in deltas],
         "engine_queue_p50_s": [d.queue_quantile(0.5) for d in deltas],
         "engine_queue_p99_s": [d.queue_quantile(0.99) for d in deltas],
+        "engine_preemptions": [int(d.preemptions) for d in deltas],
         "engine_max_waiting": [t.max_waiting for t in traces],
         "engine_max_running": [t.max_running for t in traces],
         **asdict(work), "concurrency": args.concurrency,

@@ -21,12 +21,13 @@ class EngineCounters:
     hits: float = 0.0  # prefix-cache hit tokens
     queries: float = 0.0  # prefix-cache query tokens
     finished: float = 0.0  # requests ended (any finish reason)
+    preemptions: float = 0.0  # running requests sent back to the queue for lack of KV pages
     queue_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
 
     def minus(self, before: EngineCounters) -> EngineCounters:
         return EngineCounters(
             self.hits - before.hits, self.queries - before.queries,
-            self.finished - before.finished,
+            self.finished - before.finished, self.preemptions - before.preemptions,
             {le: n - before.queue_buckets.get(le, 0.0) for le, n in self.queue_buckets.items()})
 
     def queue_quantile(self, q: float) -> float | str | None:
@@ -52,6 +53,8 @@ def scrape(port: int) -> EngineCounters:
         for s in family.samples:
             if s.name == "minisgl_request_success_total":
                 out.finished += s.value
+            elif s.name == "minisgl_num_preemptions_total":
+                out.preemptions += s.value
             elif s.name == QUEUE_HISTOGRAM + "_bucket":
                 le = float(s.labels["le"])
                 out.queue_buckets[le] = out.queue_buckets.get(le, 0.0) + s.value

@@ -32,6 +32,8 @@ def test_bench_routing_cpu_smoke(tiny_model_path: Path) -> None:
     # each queue-time quantile is a histogram bucket bound, the load was seen at least running.
     assert len(rec["engine_requests"]) == 2 and sum(rec["engine_requests"]) == 9
     assert all(isinstance(q, float) for q in rec["engine_queue_p99_s"] if q is not None)
-    assert len(rec["engine_max_waiting"]) == 2
+    assert len(rec["engine_max_waiting"]) == 2 and rec["engine_preemptions"] == [0, 0]
+    # 9 requests, 4 in flight: 5 went out after the opening burst.
+    assert 0 < rec["ttft_after_burst_p50_s"] <= rec["ttft_after_burst_p99_s"]
     # A policy's own flags reach its gateways (which would refuse an unknown flag).
     assert rec["gateway_args"] == "--routing-queue-slack=-1"
