@@ -130,6 +130,44 @@ def test_watch_reports_the_pages_a_request_cached_then_resumes(cluster: Cluster)
             c.close()
 
 
+def test_watch_reports_a_load_change_before_its_interval(cluster: Cluster) -> None:
+    """A request starting or ending changes the engine's running/waiting counts, and every Watch
+    stream reports that soon, not at its next periodic report (asked here once a minute): a
+    router must see slots free up while the requests they go to are still arriving."""
+    stack = cluster.stack
+    channels = [grpc.insecure_channel(t) for t in stack.scheduler_targets]
+    seen: list[scheduler_pb2.EngineLoad] = []
+    streams = [scheduler_pb2_grpc.SchedulerStub(c).Watch(
+        scheduler_pb2.WatchRequest(load_interval_s=60.0), timeout=60) for c in channels]
+
+    def read(stream: grpc.Call) -> None:
+        loads = 0
+        try:
+            for msg in stream:
+                if msg.HasField("load"):
+                    loads += 1
+                    if loads > 2:  # past the snapshot's and the first periodic report
+                        seen.append(msg.load)
+        except grpc.RpcError:
+            pass  # cancelled below
+
+    readers = [threading.Thread(target=read, args=(s,), daemon=True) for s in streams]
+    try:
+        for r in readers:
+            r.start()
+        client = _client(stack.http_url)
+        client.completions.create(model=client.models.list().data[0].id, prompt=[5, 6, 7, 8],
+                                  max_tokens=4)
+        # Running went 0 -> 1 -> 0 on one engine: at least two reports, long before a minute.
+        wait_until(lambda: len(seen) >= 2, 30, "load reports of the change")
+        assert any(load.running_requests + load.waiting_requests > 0 for load in seen)
+    finally:
+        for s in streams:
+            s.cancel()
+        for c in channels:
+            c.close()
+
+
 def test_cache_aware_beats_round_robin_on_prefix_hits(cluster: Cluster) -> None:
     stack = cluster.stack
     rr = start_gateway(stack, ",".join(stack.scheduler_targets), stack.config.log_dir or Path(),

@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LOAD_INTERVAL_S = 0.1  # Watch: between load reports when the caller does not say
 MIN_LOAD_INTERVAL_S = 0.02
+# Watch: a change of running/waiting is reported this soon (at most this often), between the
+# periodic reports. A router's picture of a saturated engine is only as fresh as its last report:
+# when a batch of requests ends, the slots they free must be seen before new requests queue
+# elsewhere behind a whole generation.
+LOAD_CHANGE_GAP_S = 0.01
 
 
 @dataclass(eq=False)
@@ -152,7 +157,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
 
     def Watch(self, request: scheduler_pb2.WatchRequest,
               context: grpc.ServicerContext) -> Iterator[scheduler_pb2.WatchResponse]:
-        """Load reports every `load_interval_s` and every prefix-cache change, numbered."""
+        """Load reports every `load_interval_s` and soon after the running or waiting count
+        changes (`LOAD_CHANGE_GAP_S` apart at most), and every prefix-cache change, numbered."""
         interval = max(MIN_LOAD_INTERVAL_S, request.load_interval_s or DEFAULT_LOAD_INTERVAL_S)
         page_size = self.events.page_size
         cache = self.sched.kv.cache
@@ -163,8 +169,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 yield scheduler_pb2.WatchResponse(seq=cursor, snapshot=True, stored=sub.snapshot,
                                                   load=self._load(), page_size=page_size)
             next_load = time.monotonic()
+            sent, last = (-1, -1), 0.0  # (running, waiting) of the last report, and when
             while context.is_active() and not self._stop.is_set():
-                wait = max(0.0, next_load - time.monotonic())
+                now = time.monotonic()
+                due = next_load
+                if (self._stats.running, self._stats.waiting) != sent:
+                    due = min(due, last + LOAD_CHANGE_GAP_S)
+                wait = max(0.0, due - now)
                 batches = self.events.since(cursor, wait)
                 if batches is None:  # fell out of the ring: start over from the whole tree
                     cursor, hashes = self._call(lambda: self.events.snapshot(cache))
@@ -176,10 +187,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                     yield scheduler_pb2.WatchResponse(seq=cursor, stored=batch.stored,
                                                       removed=batch.removed, page_size=page_size)
                 now = time.monotonic()
-                if now >= next_load:
-                    yield scheduler_pb2.WatchResponse(seq=cursor, load=self._load(),
-                                                      page_size=page_size)
-                    next_load = max(next_load + interval, now)
+                changed = (self._stats.running, self._stats.waiting) != sent
+                if now >= next_load or (changed and now >= last + LOAD_CHANGE_GAP_S):
+                    load = self._load()
+                    sent = (load.running_requests, load.waiting_requests)
+                    last = now
+                    yield scheduler_pb2.WatchResponse(seq=cursor, load=load, page_size=page_size)
+                    next_load = max(next_load + interval, now) if now >= next_load else next_load
         finally:
             self.events.unsubscribe()
 
@@ -222,7 +236,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             for conn in [c for c in self._conns if c.half_closed and not c.rids]:
                 self._end(conn)
             self.events.flush()
-            self._stats = self.sched.stats()
+            before, self._stats = self._stats, self.sched.stats()
+            if (before.running, before.waiting) != (self._stats.running, self._stats.waiting):
+                self.events.wake()  # Watch streams report the new load (LOAD_CHANGE_GAP_S)
             if self.metrics:
                 self.metrics.update(self._stats)
 
