@@ -5,7 +5,9 @@ Per step: the plan becomes a ForwardBatch (host work, two uploads), decode rows 
 from the slot's token future (`last_tokens`, written by an earlier step's sampler, on the device),
 the model runs, logits are computed only for the last token of each sampling request (a decode
 CUDA graph computes them for its every row, inside the graph), the sampler
-draws, and the tokens are copied to pinned host memory behind an event. `run_step` does all of
+draws, and the tokens are copied to pinned host memory behind an event. At TP > 1 the logits
+stay each rank's vocabulary shard when the batch can be drawn from shards
+(sharded_sampling.py), and are gathered only otherwise. `run_step` does all of
 this without waiting for the device (`Engine.collect` waits for the step's event later: overlap
 scheduling).
 

@@ -17,7 +17,8 @@ Logits may come in the model's dtype (bf16/fp16) or fp32. A batch whose rows are
 temperature-only (no processor above, no logprobs) is drawn in one pass over them: argmax, or the
 same exponential race with the temperature applied inside the draw (`ops.gumbel_argmax` with
 `temps`), bit for bit what converting to fp32, dividing and drawing gives. Only batches that need
-processed fp32 logits pay for the full-vocabulary conversion.
+processed fp32 logits pay for the full-vocabulary conversion. Such a batch (`shardable`) can also
+be drawn at TP > 1 from each rank's vocabulary shard (`sample_sharded`, sharded_sampling.py).
 
 Logprobs follow vLLM's default: the log-softmax of the raw model logits, before penalties,
 temperature and filtering (the processed distribution is ill-defined for greedy rows and
