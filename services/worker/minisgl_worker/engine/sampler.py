@@ -291,11 +291,7 @@ class Sampler:
         bias or logprobs): then `sample_sharded` can draw from each TP rank's vocabulary shard.
         Read from the host mirror, so it is known before the step's forward."""
         hs = np.asarray(host_slots, dtype=np.int64)
-        if not hs.size:
-            return False
-        plan = _Plan.make(self._nf[hs], self._ni[hs], self._n_out_len_view[hs], self.vocab_size)
-        grammar = bool(self.grammars.n_active) and bool(self.grammars.active[hs].any())
-        return plan.fused and not grammar and not self._biased(hs)
+        return bool(hs.size) and self._shard_plan(hs) is not None
 
     def sample_sharded(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                        host_slots: Sequence[int] | torch.Tensor | None, shard: VocabShard,
@@ -310,16 +306,22 @@ class Sampler:
         hs = self._check_batch(logits, slots, positions, host_slots)
         if batch == 0:
             return SampleOutput(torch.zeros(0, dtype=torch.int64, device=logits.device))
-        if not self.shardable(hs):
+        plan = self._shard_plan(hs)
+        if plan is None:
             raise ValueError("this batch needs the full vocabulary's logits: use sample()")
         self.flush()
-        plan = _Plan.make(self._nf[hs], self._ni[hs], self._n_out_len_view[hs], self.vocab_size)
         temps = None if plan.all_greedy else self._df[slots, _DRAW_TEMP]
         scores, ids = shard_best(logits, shard, self._di[slots, _SEED], positions.to(torch.int64),
                                  temps, self._token_hashes(), self.use_triton)
         tokens = combine(scores, ids)
         self._record(slots, hs, tokens)
         return SampleOutput(tokens)
+
+    def _shard_plan(self, hs: np.ndarray) -> _Plan | None:
+        """The batch's plan if it is `shardable`, else None."""
+        plan = _Plan.make(self._nf[hs], self._ni[hs], self._n_out_len_view[hs], self.vocab_size)
+        grammar = bool(self.grammars.n_active) and bool(self.grammars.active[hs].any())
+        return plan if plan.fused and not grammar and not self._biased(hs) else None
 
     def _draw_fused(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                     plan: _Plan) -> torch.Tensor:
