@@ -181,7 +181,7 @@ class ModelRunner:
         # With TP its all-gather too, unless the draw may be sharded: then the graph ends at this
         # rank's shard and `_logits` gathers after the replay only for batches that need it.
         logits: Callable[[torch.Tensor], torch.Tensor] = (
-            model.lm_head.local_logits if self.vocab_shard is not None
+            model.compute_local_logits if self.vocab_shard is not None
             else lambda hidden: model.compute_logits(hidden, fp32=False))
         return CudaGraphRunner(model, self.backend, self.pool, cfg.cuda_graph_max_bs,
                                logits=logits)
@@ -249,7 +249,7 @@ class ModelRunner:
         sharded = shard is not None and self.sampler.shardable(step.sample_slots_host)
         if not is_logits:
             hidden = out[step.batch.sample_indices]
-            logits = (self.model.lm_head.local_logits(hidden) if shard is not None
+            logits = (self.model.compute_local_logits(hidden) if shard is not None
                       else self.model.compute_logits(hidden, fp32=False))
         elif all_rows:  # every row samples: the leading rows, no copy
             logits = out[: len(step.sample_rids)]
@@ -259,7 +259,7 @@ class ModelRunner:
             return self.sampler.sample_sharded(logits, step.sample_slots, step.sample_positions,
                                                step.sample_slots_host, shard, exchange_best)
         if shard is not None:  # this rank's shard (graph or eager): the full vocabulary
-            logits = self.model.lm_head.gather(logits)
+            logits = self.model.gather_logits(logits)
         return self.sampler.sample(logits, step.sample_slots, step.sample_positions,
                                    host_slots=step.sample_slots_host)
 
