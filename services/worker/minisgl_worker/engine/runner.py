@@ -179,7 +179,7 @@ class ModelRunner:
         model = self.model
         # The LM head runs inside the graph: launches spared per step, and fixed GEMM shapes.
         # With TP its all-gather too, unless the draw may be sharded: then the graph ends at this
-        # rank's shard and `_logits` gathers after the replay only for batches that need it.
+        # rank's shard and `_sample` gathers after the replay only for batches that need it.
         logits: Callable[[torch.Tensor], torch.Tensor] = (
             model.compute_local_logits if self.vocab_shard is not None
             else lambda hidden: model.compute_logits(hidden, fp32=False))
