@@ -137,6 +137,25 @@ def test_ties_across_shards_go_to_the_lowest_id(use_triton: bool):
     assert pick_best(torch.zeros(3, 2), torch.tensor([[1, 2], [5, 6], [9, 9]])).tolist() == [1, 2]
 
 
+@pytest.mark.parametrize(("vocab", "tp"), [(2501, 2), (2501, 3), (512, 2), (5, 4)])
+def test_shards_match_the_lm_head_layout(vocab: int, tp: int, monkeypatch: pytest.MonkeyPatch):
+    """VocabShard.of_rank names the tokens whose rows each rank's LM head loads: column j of
+    its local logits is token start + j, and the columns past `size` are padding."""
+    from minisgl_worker.distributed import TPState
+    from minisgl_worker.layers import embedding
+
+    weight = torch.arange(1, vocab + 1, dtype=torch.float32)[:, None].repeat(1, 4)  # row i: i+1
+    for rank in range(tp):
+        monkeypatch.setattr(embedding, "tp", lambda r=rank: TPState(rank=r, size=tp))
+        head = embedding.ParallelLMHead(vocab, 4)
+        head._load(head.weight, weight)
+        shard = VocabShard.of_rank(vocab, rank, tp)
+        col = head.local_logits(torch.tensor([[0.25] * 4]))[0]  # = token id + 1, 0 on padding
+        assert col[: shard.size].tolist() == [float(shard.start + j + 1)
+                                              for j in range(shard.size)]
+        assert not col[shard.size :].any()
+
+
 def test_a_last_rank_of_padding_only_never_wins():
     """V=5 over 4 ranks: blocks of 2, so rank 3 holds only padding (VocabParallelEmbedding)."""
     assert [VocabShard.of_rank(5, r, 4) for r in range(4)] == [
