@@ -33,6 +33,8 @@ def main() -> int:
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--disable-custom-all-reduce", action="store_true",
                    help="TP: every all-reduce through NCCL (the before of an A/B)")
+    p.add_argument("--disable-sharded-sampling", action="store_true",
+                   help="TP: gather the full logits for every draw (the before of an A/B)")
     p.add_argument("--quantization", default="none", choices=["none", "fp8"])
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--decode-tokens", type=int, default=512)
@@ -43,7 +45,10 @@ def main() -> int:
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
 
+    # Only when set: older trees (A/B runs) lack the fields.
     extra = {"disable_custom_all_reduce": True} if args.disable_custom_all_reduce else {}
+    if args.disable_sharded_sampling:
+        extra["disable_sharded_sampling"] = True
     llm = LLM(args.model, load_format=args.load_format, tp_size=args.tp_size,
               attention_backend=args.attention_backend,
               disable_cuda_graph=args.disable_cuda_graph, cache="naive",
@@ -68,6 +73,7 @@ def main() -> int:
               "tp": args.tp_size, "backend": args.attention_backend,
               "cuda_graph": not args.disable_cuda_graph,
               "custom_all_reduce": args.tp_size > 1 and not args.disable_custom_all_reduce,
+              "sharded_sampling": args.tp_size > 1 and not args.disable_sharded_sampling,
               "quantization": args.quantization,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "ttft_ms_1k": round(1000 * statistics.median(ttfts), 2),

@@ -72,6 +72,8 @@ def main() -> int:
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--disable-custom-all-reduce", action="store_true",
                    help="TP: every all-reduce through NCCL (the before of an A/B)")
+    p.add_argument("--disable-sharded-sampling", action="store_true",
+                   help="TP: gather the full logits for every draw (the before of an A/B)")
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--hbm-tbps", type=float, default=None, help="skip measuring; use this TB/s")
@@ -115,6 +117,8 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         kwargs["max_prefill_tokens"] = args.max_prefill_tokens
     if args.disable_custom_all_reduce:  # only when set: older trees (A/B runs) lack the field
         kwargs["disable_custom_all_reduce"] = True
+    if args.disable_sharded_sampling:
+        kwargs["disable_sharded_sampling"] = True
     llm = LLM(args.model, **kwargs)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
               for n in out_lens]
@@ -137,6 +141,7 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
         "cuda_graph": not args.disable_cuda_graph,
         "custom_all_reduce": args.tp_size > 1 and not args.disable_custom_all_reduce,
+        "sharded_sampling": args.tp_size > 1 and not args.disable_sharded_sampling,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "input_tokens": sum(map(len, prompts)), "output_tokens": produced,
         "seconds": round(elapsed, 3), "output_tok_s": round(produced / elapsed, 1),

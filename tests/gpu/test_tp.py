@@ -6,10 +6,13 @@
 
 For TP=1 and TP=N in turn, on the same weights (a checkpoint from bench.common.dummy_checkpoint, since
 `--load-format dummy` draws each rank's shard separately): prefill logits of a few prompts and
-greedy generation of `--new-tokens` tokens through the `LLM` class. Reports the logits' relative
-error of TP=N against TP=1, how many sequences have identical greedy tokens, and where the others
-first differ. In fp32 the two must agree token for token; in bf16 the all-reduce sums partial
-products in another order, so a near-tie may flip late in a sequence (reported, not failed).
+greedy generation (`--temperature T`: seeded sampling) of `--new-tokens` tokens through the `LLM`
+class. Reports the logits' relative error of TP=N against TP=1, how many sequences have identical
+tokens, and where the others first differ. In fp32 the two must agree token for token; in bf16
+the all-reduce sums partial products in another order, so a near-tie may flip late in a sequence
+(reported, not failed). TP=N draws greedy and temperature-only batches from each rank's
+vocabulary shard; `--compare-sharded` runs TP=N once more with the logits gathered
+(--disable-sharded-sampling) and requires the very same tokens.
 
 --quantization fp8: each rank quantizes its own shards (row-parallel layers get per-shard
 scales), so TP=N rounds differently from TP=1 by design. Then a third run, TP=1 unquantized, is
@@ -44,15 +47,17 @@ def prompts(n: int, vocab: int) -> list[list[int]]:
 
 
 def run(model: str, tp: int, dtype: str, backend: str, ps: list[list[int]],
-        new_tokens: int, quantization: str = "none"
+        new_tokens: int, quantization: str = "none", temperature: float = 0.0,
+        disable_sharded_sampling: bool = False,
         ) -> tuple[torch.Tensor, list[list[int]], float]:
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.step import ReqPlan, StepPlan
 
     t0 = time.perf_counter()
+    extra = {"disable_sharded_sampling": True} if disable_sharded_sampling else {}
     llm = LLM(model, load_format=LOAD_FORMAT, tp_size=tp, dtype=dtype, attention_backend=backend,
-              max_model_len=4096, cache="naive", quantization=quantization)
+              max_model_len=4096, cache="naive", quantization=quantization, **extra)
     init_s = time.perf_counter() - t0
     try:
         page_size = llm.engine.config.page_size
@@ -64,8 +69,9 @@ def run(model: str, tp: int, dtype: str, backend: str, ps: list[list[int]],
         logits = llm.engine.forward_logits(StepPlan(0, reqs)).float()
         ends = torch.tensor([len(p) for p in ps]).cumsum(0) - 1
         last = logits[ends.to(logits.device)].cpu()
-        out = llm.generate(ps, SamplingParams(temperature=0.0, ignore_eos=True,
-                                              max_tokens=new_tokens))
+        # Sampled rows are seeded per prompt, so every run draws the same noise.
+        out = llm.generate(ps, [SamplingParams(temperature=temperature, seed=i, ignore_eos=True,
+                                               max_tokens=new_tokens) for i in range(len(ps))])
     finally:
         llm.close()
     return last, [r["token_ids"] for r in out], init_s
@@ -84,18 +90,30 @@ def main(argv: list[str] | None = None) -> int:
                     help="auto: a checkpoint (python -m bench.common.dummy_checkpoint); dummy weights "
                          "differ between TP=1 and TP=N")
     ap.add_argument("--quantization", default="none", choices=["none", "fp8"])
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="> 0: seeded sampled generation instead of greedy")
+    ap.add_argument("--compare-sharded", action="store_true",
+                    help="also run TP=N with --disable-sharded-sampling: the tokens must be "
+                         "identical (the same logits, drawn per shard or gathered)")
     a = ap.parse_args(argv)
     global LOAD_FORMAT
     LOAD_FORMAT = a.load_format
     vocab = json.loads((Path(a.model) / "config.json").read_text())["vocab_size"]
     ps = prompts(a.num_prompts, vocab)
     q = a.quantization
+    t = a.temperature
     ref_logits, ref_tokens, init1 = run(a.model, 1, a.dtype, a.attention_backend, ps,
-                                        a.new_tokens, q)
+                                        a.new_tokens, q, t)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     logits, tokens, init_n = run(a.model, a.tp, a.dtype, a.attention_backend, ps, a.new_tokens,
-                                 q)
+                                 q, t)
+    gathered = None
+    if a.compare_sharded:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        gathered = run(a.model, a.tp, a.dtype, a.attention_backend, ps, a.new_tokens, q, t,
+                       disable_sharded_sampling=True)[1]
     unquantized = None
     if q != "none":
         if torch.cuda.is_available():
@@ -112,10 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         "argmax_agree": int((logits.argmax(-1) == ref_logits.argmax(-1)).sum()),
         "greedy_identical": sum(d is None for d in diverge), "of": len(ps),
         "first_divergence": [d for d in diverge if d is not None],
-        "new_tokens": a.new_tokens,
+        "new_tokens": a.new_tokens, "temperature": t,
     }
     record["ok"] = (record["greedy_identical"] == len(ps)) if a.dtype == "float32" else \
         record["argmax_agree"] == len(ps)
+    if gathered is not None:
+        record["sharded_equals_gathered"] = gathered == tokens
+        record["ok"] = record["ok"] and record["sharded_equals_gathered"]
     if unquantized is not None:
         def err(x: torch.Tensor) -> float:  # median over prompts of max|diff| / max|ref|
             return ((x - unquantized).abs().amax(-1) / unquantized.abs().amax()).median().item()
@@ -139,11 +160,15 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("args", [["--dtype", "float32", "--attention-backend", "triton"],
-                                  ["--quantization", "fp8"]], ids=["fp32", "fp8"])
+@pytest.mark.parametrize("args", [
+    ["--dtype", "float32", "--attention-backend", "triton"],
+    ["--dtype", "float32", "--attention-backend", "triton", "--temperature", "0.8",
+     "--compare-sharded"],
+    ["--quantization", "fp8"]], ids=["fp32", "fp32-sampled", "fp8"])
 def test_tp2_equals_tp1(checkpoint: Path, args: list[str]) -> None:
-    """fp32: greedy tokens of TP=2 identical to TP=1; fp8: TP=2's error against unquantized
-    TP=1 within 1.5x of TP=1's."""
+    """fp32: greedy (or seeded sampled) tokens of TP=2, drawn from each rank's vocabulary
+    shard, identical to TP=1, and (sampled) to TP=2 drawing from the gathered logits; fp8:
+    TP=2's error against unquantized TP=1 within 1.5x of TP=1's."""
     assert main(["--model", str(checkpoint), "--tp", "2", *args]) == 0
 
 

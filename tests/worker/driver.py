@@ -30,8 +30,11 @@ class _Req:
 
 def run_requests(engine: StepExecutor, prompts: list[list[int]], max_new: int,
                  page_size: int, chunk: int | None = None, starts: list[int] | None = None,
-                 overlap: bool = True, params: SamplingParams = GREEDY,
+                 overlap: bool = True,
+                 params: SamplingParams | list[SamplingParams] = GREEDY,
                  first_page: int = 0) -> list[list[int]]:
+    """`params`: one for every request, or a list with each request's."""
+    per_req = params if isinstance(params, list) else [params] * len(prompts)
     reqs = [_Req(i, p, max_new, (starts or [0] * len(prompts))[i]) for i, p in enumerate(prompts)]
     free_slots = list(range(len(prompts)))
     next_page = first_page
@@ -69,7 +72,7 @@ def run_requests(engine: StepExecutor, prompts: list[list[int]], max_new: int,
             if ids:
                 plan.reqs.append(ReqPlan(rid=r.rid, slot=r.slot, cache_len=cache, input_ids=ids,
                                          page_offset=offset, new_pages=new, sample=sample,
-                                         sampling=params if restart else None))
+                                         sampling=per_req[r.rid] if restart else None))
                 chunks.append((r, sample))
             else:
                 plan.decodes.add(r.rid, r.slot, cache, offset, new)

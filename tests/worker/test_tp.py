@@ -4,39 +4,90 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
+from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import ReqPlan, StepPlan
 from minisgl_worker.engine import Engine, EngineConfig
+from minisgl_worker.engine.sampler import SampleOutput
 
-from .driver import run_requests
+from .driver import GREEDY, run_requests
 from .test_models import PROMPTS
 
 PAGE = 4
 
 
-def _run(path: object, tp: int,
-         quantization: str = "none") -> tuple[torch.Tensor, list[list[int]]]:
+@dataclass
+class Draws:
+    """Rank 0's sampler calls: from its vocabulary shard, or from the gathered logits."""
+
+    sharded: int = 0
+    gathered: int = 0
+
+
+def _count_draws(engine: Engine) -> Draws:
+    draws, sampler = Draws(), engine.sampler
+    sample, sample_sharded = sampler.sample, sampler.sample_sharded
+
+    def gathered(*args: Any, **kw: Any) -> SampleOutput:
+        draws.gathered += 1
+        return sample(*args, **kw)
+
+    def sharded(*args: Any, **kw: Any) -> SampleOutput:
+        draws.sharded += 1
+        return sample_sharded(*args, **kw)
+
+    sampler.sample, sampler.sample_sharded = gathered, sharded  # type: ignore[method-assign]
+    return draws
+
+
+def _run(path: object, tp: int, quantization: str = "none",
+         params: SamplingParams | list[SamplingParams] = GREEDY,
+         prompts: list[list[int]] = PROMPTS, starts: list[int] | None = None,
+         **config: Any) -> tuple[torch.Tensor, list[list[int]], Draws]:
     engine = Engine(EngineConfig(model_path=str(path), page_size=PAGE, num_pages=64,
-                                 max_slots=4, tp_size=tp, quantization=quantization))
+                                 max_slots=4, tp_size=tp, quantization=quantization, **config))
     try:
         assert engine.info().tp_size == tp
         logits = engine.forward_logits(StepPlan(0, [ReqPlan(0, 0, 0, PROMPTS[0], 0,
                                                             [0, 1, 2, 3])]))
-        tokens = run_requests(engine, PROMPTS, 6, PAGE, first_page=8)
-        return logits, tokens
+        draws = _count_draws(engine)
+        tokens = run_requests(engine, prompts, 6, PAGE, first_page=8, params=params,
+                              starts=starts)
+        return logits, tokens, draws
     finally:
         engine.close()
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
 def test_tp2_equals_tp1(tiny_model, arch: str) -> None:  # noqa: ANN001
+    """Greedy batches: at TP=2 every draw is sharded (no logits gathered for it)."""
     path = tiny_model(arch)
-    logits1, tokens1 = _run(path, 1)
-    logits2, tokens2 = _run(path, 2)
+    logits1, tokens1, draws1 = _run(path, 1)
+    logits2, tokens2, draws2 = _run(path, 2)
     torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=1e-4)
     assert tokens2 == tokens1
+    assert draws1.sharded == 0 and draws2.gathered == 0 and draws2.sharded == draws1.gathered
+
+
+def test_tp2_sharded_draw_equals_the_gathered_one(tiny_model) -> None:  # noqa: ANN001
+    """Seeded sampled, greedy and unseeded rows, and a top-k request joining at step 3: the
+    steps before it draw per shard, those with it gather the logits. The tokens are those of
+    --disable-sharded-sampling (which gathers for every step) bit for bit, and of TP=1."""
+    path = tiny_model("qwen3")
+    prompts = [*PROMPTS, [9, 8, 7, 6, 5]]
+    params = [SamplingParams(temperature=0.8, seed=3), GREEDY, SamplingParams(temperature=1.1),
+              SamplingParams(temperature=0.7, top_k=8, seed=5)]
+    run = dict(params=params, prompts=prompts, starts=[0, 0, 0, 3], sampler_seed=1)
+    _, on, draws_on = _run(path, 2, **run)  # type: ignore[arg-type]
+    _, off, draws_off = _run(path, 2, disable_sharded_sampling=True, **run)  # type: ignore[arg-type]
+    _, tp1, _ = _run(path, 1, **run)  # type: ignore[arg-type]
+    assert on == off == tp1
+    assert draws_on.sharded == 3 and draws_on.gathered > 0
+    assert draws_off.sharded == 0 and draws_off.gathered == draws_on.sharded + draws_on.gathered
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
@@ -46,9 +97,9 @@ def test_tp2_with_fp8_weights(tiny_model, arch: str) -> None:  # noqa: ANN001
     scales too), so TP=2 rounds differently from TP=1 but is as close to the unquantized model
     (measured: 0.12-0.13 from it for both; a misapplied scale or shard gives ~1)."""
     path = tiny_model(arch)
-    ref, _ = _run(path, 1)
-    fp8_1, _ = _run(path, 1, "fp8")
-    fp8_2, tokens = _run(path, 2, "fp8")
+    ref, _, _ = _run(path, 1)
+    fp8_1, _, _ = _run(path, 1, "fp8")
+    fp8_2, tokens, _ = _run(path, 2, "fp8")
 
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         return ((a - b).norm() / b.norm()).item()

@@ -74,6 +74,10 @@ class EngineConfig:
     disable_custom_all_reduce: bool = field(default=False, metadata=_help(
         "TP: every all-reduce through NCCL, not the one-shot CUDA IPC kernel used for messages "
         "up to 8 MiB (512 KiB past 2 GPUs) when all GPUs have peer access"))
+    disable_sharded_sampling: bool = field(default=False, metadata=_help(
+        "TP: gather the full vocabulary's logits on every rank for every draw, instead of "
+        "drawing greedy and temperature-only batches from each rank's shard and exchanging one "
+        "(score, token) pair per row"))
     tp_size: int = field(default=1, metadata=_help("tensor-parallel ranks (one GPU each)"))
     tp_rank: int = field(default=0, metadata=_help(
         "this process's rank (ranks > 0 need --dist-init-method)"))

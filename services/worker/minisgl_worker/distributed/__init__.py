@@ -4,6 +4,7 @@ use) and the TP rank processes of one host (tp_group.py)."""
 from .process_group import (
     TPState,
     all_gather_last,
+    all_gather_stack,
     all_reduce,
     broadcast_object,
     destroy_tp,
@@ -14,5 +15,5 @@ from .process_group import (
     use_fast_all_reduce,
 )
 
-__all__ = ["TPState", "all_gather_last", "all_reduce", "broadcast_object", "destroy_tp",
-           "free_port", "init_tp", "shard", "tp", "use_fast_all_reduce"]
+__all__ = ["TPState", "all_gather_last", "all_gather_stack", "all_reduce", "broadcast_object",
+           "destroy_tp", "free_port", "init_tp", "shard", "tp", "use_fast_all_reduce"]

@@ -22,6 +22,9 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
+# The one-tensor all-gather: torch 2.13 renamed all_gather_into_tensor (and warns on the old name).
+_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 class FastAllReduce(Protocol):
     def supports(self, x: torch.Tensor) -> bool: ...
@@ -140,6 +143,17 @@ def all_gather_last(x: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(_TP.size)]
     dist.all_gather(parts, x.contiguous(), group=_TP.group)
     return torch.cat(parts, dim=-1)
+
+
+def all_gather_stack(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's x stacked in rank order, [size, *x.shape] (small messages: one collective
+    into one tensor, no list and no cat)."""
+    if _TP.size == 1:
+        return x[None]
+    # Flat along dim 0: gloo insists on an output of [size * x.shape[0], ...].
+    out = torch.empty((_TP.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    _gather_single(out, x.contiguous(), group=_TP.group)
+    return out.view(_TP.size, *x.shape)
 
 
 def broadcast_object(obj: Any) -> Any:

@@ -5,7 +5,9 @@ Per step: the plan becomes a ForwardBatch (host work, two uploads), decode rows 
 from the slot's token future (`last_tokens`, written by an earlier step's sampler, on the device),
 the model runs, logits are computed only for the last token of each sampling request (a decode
 CUDA graph computes them for its every row, inside the graph), the sampler
-draws, and the tokens are copied to pinned host memory behind an event. `run_step` does all of
+draws, and the tokens are copied to pinned host memory behind an event. At TP > 1 the logits
+stay each rank's vocabulary shard when the batch can be drawn from shards
+(sharded_sampling.py), and are gathered only otherwise. `run_step` does all of
 this without waiting for the device (`Engine.collect` waits for the step's event later: overlap
 scheduling).
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -34,7 +37,8 @@ from ..loader import load_model
 from ..model_config import ModelConfig
 from .batch import DeviceStep, PlanBuilder
 from .grammar import find_tokenizer
-from .sampler import Sampler
+from .sampler import SampleOutput, Sampler
+from .sharded_sampling import VocabShard, exchange_best
 
 if TYPE_CHECKING:
     from .cuda_graph import CudaGraphRunner
@@ -130,6 +134,11 @@ class ModelRunner:
                                    self.page_size, self.max_model_len, mc.vocab_size,
                                    self.device, dummy_page=self.pool.dummy_page)
         self.last_tokens = torch.zeros(config.max_slots, dtype=torch.int64, device=self.device)
+        # At TP > 1 the LM head hands out this rank's shard; greedy and temperature-only
+        # batches draw from it without gathering the logits (sharded_sampling.py).
+        self.vocab_shard: VocabShard | None = None
+        if tp > 1 and not config.disable_sharded_sampling:
+            self.vocab_shard = VocabShard.of_rank(mc.vocab_size, config.tp_rank, tp)
         self.graph_runner = self._make_graph_runner()
         log.info("KV cache: %d pages x %d tokens (%.2f GiB, %s), backend %s, device %s",
                  self.num_pages, self.page_size, self.pool.memory_bytes() / 2**30,
@@ -168,10 +177,14 @@ class ModelRunner:
             log.info("CUDA graphs: no runner in this build; running eagerly")
             return None
         model = self.model
-        # The LM head runs inside the graph (with TP, its all-gather too): launches spared per
-        # step, and fixed GEMM shapes.
+        # The LM head runs inside the graph: launches spared per step, and fixed GEMM shapes.
+        # With TP its all-gather too, unless the draw may be sharded: then the graph ends at this
+        # rank's shard and `_sample` gathers after the replay only for batches that need it.
+        logits: Callable[[torch.Tensor], torch.Tensor] = (
+            model.compute_local_logits if self.vocab_shard is not None
+            else lambda hidden: model.compute_logits(hidden, fp32=False))
         return CudaGraphRunner(model, self.backend, self.pool, cfg.cuda_graph_max_bs,
-                               logits=lambda hidden: model.compute_logits(hidden, fp32=False))
+                               logits=logits)
 
     def release(self) -> None:
         """Free the device memory this rank holds (CUDA graphs first: NCCL does not tear down a
@@ -214,15 +227,7 @@ class ModelRunner:
         tokens = logprobs = top_ids = top_lp = None
         want = False
         if rids:
-            # The activation dtype: the sampler reads it directly on its fast paths.
-            if not is_logits:
-                logits = self.model.compute_logits(out[step.batch.sample_indices], fp32=False)
-            elif len(rids) == plan.num_entries:  # every row samples: the leading rows, no copy
-                logits = out[: len(rids)]
-            else:
-                logits = out[step.batch.sample_indices]
-            sampled = self.sampler.sample(logits, step.sample_slots, step.sample_positions,
-                                          host_slots=step.sample_slots_host)
+            sampled = self._sample(step, out, is_logits, len(rids) == plan.num_entries)
             self.last_tokens[step.sample_slots] = sampled.token_ids
             want = sampled.logprobs is not None
             tokens, logprobs = self._to_host(sampled.token_ids), self._to_host(sampled.logprobs)
@@ -234,6 +239,29 @@ class ModelRunner:
         host_ms = (time.perf_counter() - started) * 1e3
         return InFlight(plan.step_id, rids, tokens, logprobs, top_ids, top_lp, want, done,
                          started, host_ms)
+
+    def _sample(self, step: DeviceStep, out: torch.Tensor, is_logits: bool,
+                all_rows: bool) -> SampleOutput:
+        """Logits of the sampling rows (from `out`, hidden states or a graph's logits) and the
+        draw. In the activation dtype: the sampler reads it directly on its fast paths. With a
+        vocabulary shard, a batch the sampler can draw per shard never gathers the logits."""
+        shard = self.vocab_shard
+        sharded = shard is not None and self.sampler.shardable(step.sample_slots_host)
+        if not is_logits:
+            hidden = out[step.batch.sample_indices]
+            logits = (self.model.compute_local_logits(hidden) if shard is not None
+                      else self.model.compute_logits(hidden, fp32=False))
+        elif all_rows:  # every row samples: the leading rows, no copy
+            logits = out[: len(step.sample_rids)]
+        else:
+            logits = out[step.batch.sample_indices]
+        if shard is not None and sharded:
+            return self.sampler.sample_sharded(logits, step.sample_slots, step.sample_positions,
+                                               step.sample_slots_host, shard, exchange_best)
+        if shard is not None:  # this rank's shard (graph or eager): the full vocabulary
+            logits = self.model.gather_logits(logits)
+        return self.sampler.sample(logits, step.sample_slots, step.sample_positions,
+                                   host_slots=step.sample_slots_host)
 
     def _upload(self, plan: StepPlan, pad_for_graph: bool = False) -> DeviceStep:
         """Host mirrors -> device: the step's metadata, page-table writes, decode inputs. With

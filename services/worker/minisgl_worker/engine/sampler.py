@@ -17,7 +17,8 @@ Logits may come in the model's dtype (bf16/fp16) or fp32. A batch whose rows are
 temperature-only (no processor above, no logprobs) is drawn in one pass over them: argmax, or the
 same exponential race with the temperature applied inside the draw (`ops.gumbel_argmax` with
 `temps`), bit for bit what converting to fp32, dividing and drawing gives. Only batches that need
-processed fp32 logits pay for the full-vocabulary conversion.
+processed fp32 logits pay for the full-vocabulary conversion. Such a batch (`shardable`) can also
+be drawn at TP > 1 from each rank's vocabulary shard (`sample_sharded`, sharded_sampling.py).
 
 Logprobs follow vLLM's default: the log-softmax of the raw model logits, before penalties,
 temperature and filtering (the processed distribution is ill-defined for greedy rows and
@@ -36,6 +37,7 @@ from minisgl_core.sampling import SamplingParams
 from . import sampling_ops as ops
 from .grammar import GrammarCompiler, SlotGrammars
 from .logit_bias import SlotBiases
+from .sharded_sampling import Combine, VocabShard, shard_best
 
 # Columns of the float / int parameter tables.
 _TEMP, _TOP_P, _MIN_P, _REP, _PRES, _FREQ, _DRAW_TEMP = range(7)
@@ -219,22 +221,13 @@ class Sampler:
         batch = logits.shape[0]
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:
             raise ValueError(f"logits must be [B, {self.vocab_size}], got {tuple(logits.shape)}")
-        if not logits.dtype.is_floating_point:
-            raise ValueError(f"logits must be floating point, got {logits.dtype}")
-        if host_slots is None:
-            host_slots = slots.cpu()
-        hs = np.asarray(host_slots.numpy() if isinstance(host_slots, torch.Tensor) else host_slots,
-                        dtype=np.int64)
-        if hs.shape != (batch,) or slots.shape != (batch,) or positions.shape != (batch,):
-            raise ValueError("slots, positions (and host_slots) must be [B]")
-        if batch and (int(hs.min()) < 0 or int(hs.max()) >= self.max_slots):
-            raise ValueError(f"slots must be in [0, {self.max_slots})")
+        hs = self._check_batch(logits, slots, positions, host_slots)
         self.flush()
         if batch == 0:
             return SampleOutput(torch.zeros(0, dtype=torch.int64, device=logits.device))
         plan = _Plan.make(self._nf[hs], self._ni[hs], self._n_out_len_view[hs], self.vocab_size)
         grammar = bool(self.grammars.n_active) and bool(self.grammars.active[hs].any())
-        biased = bool(self.biases.n_active) and bool(self.biases.active[hs].any())
+        biased = self._biased(hs)
         if plan.fused and not biased:
             # Grammar rows are masked in place in the logits' own dtype (-inf is exact in
             # bf16/fp16): the batch keeps the one-pass draw.
@@ -292,6 +285,44 @@ class Sampler:
                 out.top_logprobs, out.top_ids = raw_logprobs.topk(plan.top_logprobs, dim=1)
         return out
 
+    def shardable(self, host_slots: Sequence[int] | np.ndarray) -> bool:
+        """Whether a batch of these slots draws in one pass over its logits, each token scored
+        from its own logit and id only (greedy and temperature-only rows; no processor, mask,
+        bias or logprobs): then `sample_sharded` can draw from each TP rank's vocabulary shard.
+        Read from the host mirror, so it is known before the step's forward."""
+        hs = np.asarray(host_slots, dtype=np.int64)
+        return bool(hs.size) and self._shard_plan(hs) is not None
+
+    def sample_sharded(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                       host_slots: Sequence[int] | torch.Tensor | None, shard: VocabShard,
+                       combine: Combine) -> SampleOutput:
+        """`sample` for a `shardable` batch from one TP rank's shard of the logits ([B, >=
+        shard.size], padding columns past it ignored): this rank's best (score, id) per row go
+        to `combine`, which must return the same winners on every rank (engine.sharded_sampling).
+        The tokens are those `sample` draws from the gathered logits."""
+        batch = logits.shape[0]
+        if logits.dim() != 2 or logits.shape[1] < shard.size:
+            raise ValueError(f"logits must be [B, >= {shard.size}], got {tuple(logits.shape)}")
+        hs = self._check_batch(logits, slots, positions, host_slots)
+        if batch == 0:
+            return SampleOutput(torch.zeros(0, dtype=torch.int64, device=logits.device))
+        plan = self._shard_plan(hs)
+        if plan is None:
+            raise ValueError("this batch needs the full vocabulary's logits: use sample()")
+        self.flush()
+        temps = None if plan.all_greedy else self._df[slots, _DRAW_TEMP]
+        scores, ids = shard_best(logits, shard, self._di[slots, _SEED], positions.to(torch.int64),
+                                 temps, self._token_hashes(), self.use_triton)
+        tokens = combine(scores, ids)
+        self._record(slots, hs, tokens)
+        return SampleOutput(tokens)
+
+    def _shard_plan(self, hs: np.ndarray) -> _Plan | None:
+        """The batch's plan if it is `shardable`, else None."""
+        plan = _Plan.make(self._nf[hs], self._ni[hs], self._n_out_len_view[hs], self.vocab_size)
+        grammar = bool(self.grammars.n_active) and bool(self.grammars.active[hs].any())
+        return plan if plan.fused and not grammar and not self._biased(hs) else None
+
     def _draw_fused(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                     plan: _Plan) -> torch.Tensor:
         """Greedy and temperature-only rows, straight from the logits in their own dtype: the
@@ -319,6 +350,25 @@ class Sampler:
                                     accumulate=True)
 
     # -- checks ----------------------------------------------------------------------------------
+
+    def _check_batch(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                     host_slots: Sequence[int] | torch.Tensor | None) -> np.ndarray:
+        """The batch's slots on the host (numpy), after checking shapes and range."""
+        batch = logits.shape[0]
+        if not logits.dtype.is_floating_point:
+            raise ValueError(f"logits must be floating point, got {logits.dtype}")
+        if host_slots is None:
+            host_slots = slots.cpu()
+        hs = np.asarray(host_slots.numpy() if isinstance(host_slots, torch.Tensor) else host_slots,
+                        dtype=np.int64)
+        if hs.shape != (batch,) or slots.shape != (batch,) or positions.shape != (batch,):
+            raise ValueError("slots, positions (and host_slots) must be [B]")
+        if batch and (int(hs.min()) < 0 or int(hs.max()) >= self.max_slots):
+            raise ValueError(f"slots must be in [0, {self.max_slots})")
+        return hs
+
+    def _biased(self, hs: np.ndarray) -> bool:
+        return bool(self.biases.n_active) and bool(self.biases.active[hs].any())
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_slots:

@@ -98,6 +98,34 @@ def gumbel_argmax_torch(x: torch.Tensor, keys: torch.Tensor, tok_hash: torch.Ten
     return best_idx
 
 
+def gumbel_best_torch(x: torch.Tensor, keys: torch.Tensor, tok_hash: torch.Tensor,
+                      chunk: int = 1 << 15, *, temps: torch.Tensor | None = None,
+                      id_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row the winner of `gumbel_argmax_torch` as (score float32, token id int64), [B] each:
+    the score is x / t + noise, or x on greedy rows (t <= 0). Column j of x is token
+    id_offset + j and `tok_hash` holds those tokens' hashes (one TP rank's vocabulary shard), so
+    every element scores as in the draw over the whole vocabulary."""
+    x = x.to(torch.float32)
+    greedy = scale = None
+    if temps is not None:
+        greedy = temps <= 0
+        scale = torch.where(greedy, 1.0, temps)[:, None]
+    best_val = torch.full((x.shape[0],), -math.inf, dtype=torch.float32, device=x.device)
+    best_idx = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    for start in range(0, x.shape[1], chunk):
+        raw = x[:, start : start + chunk]
+        part = (raw if scale is None else raw / scale) + gumbel_noise(
+            keys, tok_hash[start : start + chunk])
+        if greedy is not None:
+            part = torch.where(greedy[:, None], raw, part)
+        idx = part.argmax(dim=1, keepdim=True)
+        val = part.gather(1, idx).squeeze(1)
+        better = val > best_val  # strict: ties keep the earlier chunk, like torch.argmax
+        best_val = torch.where(better, val, best_val)
+        best_idx = torch.where(better, idx.squeeze(1) + start, best_idx)
+    return best_val, best_idx + id_offset
+
+
 def gumbel_argmax_triton(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                          num_chunks: int | None = None, *,
                          temps: torch.Tensor | None = None) -> torch.Tensor:
@@ -120,6 +148,25 @@ def gumbel_argmax(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
         return gumbel_argmax_triton(x, seeds, positions, temps=temps)
     assert tok_hash is not None
     return gumbel_argmax_torch(x, row_keys(seeds, positions), tok_hash, temps=temps)
+
+
+def gumbel_best(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                tok_hash: torch.Tensor | None, *, temps: torch.Tensor | None = None,
+                id_offset: int = 0, use_triton: bool | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gumbel_argmax`'s winner per row as (score, global token id) over x's columns, which are
+    tokens id_offset.. (a TP rank's vocabulary shard). `tok_hash`: the whole vocabulary's hashes
+    (torch path only; the shard's rows are used)."""
+    if use_triton is None:
+        use_triton = x.is_cuda
+    if use_triton:
+        from ..kernels import sampling as kern
+
+        return kern.gumbel_best(x, seeds, positions, temps=temps, id_offset=id_offset)
+    assert tok_hash is not None
+    return gumbel_best_torch(x, row_keys(seeds, positions),
+                             tok_hash[id_offset : id_offset + x.shape[1]], temps=temps,
+                             id_offset=id_offset)
 
 
 # -- logit processors (out of place; per-row parameters as [B] tensors) ------------------------
@@ -179,3 +226,4 @@ def apply_min_p(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     x_j - x_max >= log(min_p), so no softmax is needed. min_p 0 keeps everything."""
     x_max = x.max(dim=1, keepdim=True).values
     return torch.where(x - x_max >= torch.log(min_p)[:, None], x, -math.inf)
+

@@ -40,8 +40,8 @@ def _row_key(seed, position):
 
 @triton.jit
 def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, tok_hash_ptr, part_val_ptr,
-                          part_idx_ptr, vocab, stride_x, stride_seed, stride_temp, chunk,
-                          num_chunks, HAS_TEMP: tl.constexpr, TOK_TABLE: tl.constexpr,
+                          part_idx_ptr, vocab, id_offset, stride_x, stride_seed, stride_temp,
+                          chunk, num_chunks, HAS_TEMP: tl.constexpr, TOK_TABLE: tl.constexpr,
                           BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -63,10 +63,11 @@ def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, tok_hash_p
         x = raw.to(tl.float32)
         if HAS_TEMP:
             x = tl.math.div_rn(x, temp)
+        gid = id_offset + j  # the global token id: x may be one TP rank's vocabulary shard
         if TOK_TABLE:  # the same bits from an L2-resident table: fewer integer ops
-            tok = tl.load(tok_hash_ptr + j, mask=mask, other=0).to(tl.uint32, bitcast=True)
+            tok = tl.load(tok_hash_ptr + gid, mask=mask, other=0).to(tl.uint32, bitcast=True)
         else:
-            tok = _hash32(j.to(tl.uint32) ^ 0x85EBCA6B)
+            tok = _hash32(gid.to(tl.uint32) ^ 0x85EBCA6B)
         bits = _hash32(key ^ tok)
         u = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
         # Exactly the expression of the fp32-only kernel: anything between the log and the
@@ -78,7 +79,7 @@ def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, tok_hash_p
         s = tl.where(mask, s, float("-inf"))
         better = s > best_val  # strict: a lane keeps its earliest maximum
         best_val = tl.where(better, s, best_val)
-        best_idx = tl.where(better, j, best_idx)
+        best_idx = tl.where(better, gid, best_idx)
     top = tl.max(best_val, axis=0)
     idx = tl.min(tl.where(best_val == top, best_idx, 2147483647), axis=0)
     tl.store(part_val_ptr + row * num_chunks + c, top)
@@ -103,10 +104,24 @@ def gumbel_argmax(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     return part_idx.gather(1, best).squeeze(1)
 
 
+def gumbel_best(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                num_chunks: int | None = None, temps: torch.Tensor | None = None,
+                block: int = _BLOCK, tok_hash: torch.Tensor | None = None,
+                id_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's winning (score float32, token id int64), [B] each, as in `gumbel_argmax`. With
+    `id_offset`, column j of x is token id_offset + j (one TP rank's vocabulary shard: noise,
+    ids and a `tok_hash` table are those of the global ids), so the shards' winners compare by
+    score, ties to the lowest id, to the draw over the whole vocabulary."""
+    part_val, part_idx = gumbel_partials(x, seeds, positions, num_chunks, temps, block, tok_hash,
+                                         id_offset)
+    best = part_val.argmax(dim=1, keepdim=True)
+    return part_val.gather(1, best).squeeze(1), part_idx.gather(1, best).squeeze(1)
+
+
 def gumbel_partials(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                     num_chunks: int | None = None, temps: torch.Tensor | None = None,
                     block: int = _BLOCK, tok_hash: torch.Tensor | None = None,
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    id_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Each chunk's best (score, index), [B, C] float32 and int64: the scores let checks compare
     two paths bit for bit at many points per row, not only at the winning token."""
     batch, vocab = x.shape
@@ -125,6 +140,6 @@ def gumbel_partials(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tenso
     _gumbel_argmax_kernel[(batch, num_chunks)](
         x, seeds, positions, temps if has_temp else part_val,
         tok_hash if tok_hash is not None else part_val, part_val, part_idx, vocab,
-        x.stride(0), seeds.stride(0), temp_stride, chunk, num_chunks,
+        id_offset, x.stride(0), seeds.stride(0), temp_stride, chunk, num_chunks,
         HAS_TEMP=has_temp, TOK_TABLE=tok_hash is not None, BLOCK=block, num_warps=4)
     return part_val, part_idx

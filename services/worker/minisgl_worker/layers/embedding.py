@@ -1,7 +1,7 @@
 """Vocabulary-parallel embedding and LM head: each rank holds a contiguous block of vocab rows.
 
 The vocabulary is padded to a multiple of tp_size; padded rows are zero and their logits are cut
-off after the all-gather.
+off after the all-gather (or skipped by the sharded draw, which never gathers them).
 """
 
 from __future__ import annotations
@@ -46,5 +46,17 @@ class ParallelLMHead(VocabParallelEmbedding):
         fp32=False in the activation dtype, for the sampler, which upcasts only where it must
         (at a large decode batch the fp32 copy alone is a full extra pass over the logits). The
         activation-dtype logits may be a strided view that cuts off the padded vocabulary."""
-        logits = all_gather_last(fused_ops.linear(hidden, self.weight))[:, : self.vocab_size]
+        logits = self.gather(self.local_logits(hidden))
         return logits.float() if fp32 else logits
+
+    def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, H] -> this rank's shard of the logits, [N, local] in the activation dtype: tokens
+        start .. start + local - 1, the last rank's columns past the vocabulary being padding
+        (zero rows). At TP > 1 the sampler's one-pass draw reads it without a gather
+        (engine/sharded_sampling.py)."""
+        return fused_ops.linear(hidden, self.weight)
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's `local_logits` -> the full [N, vocab] (a strided view without the
+        padding)."""
+        return all_gather_last(local)[:, : self.vocab_size]

@@ -111,6 +111,14 @@ class CausalLM(nn.Module):
         """[N, H] -> logits [N, vocab], fp32 or (fp32=False) in the activation dtype."""
         return self.lm_head(hidden, fp32)
 
+    def compute_local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, H] -> this TP rank's vocabulary shard of the logits, in the activation dtype
+        (`ParallelLMHead.local_logits`); `gather_logits` makes them `compute_logits(fp32=False)`'s."""
+        return self.lm_head.local_logits(hidden)
+
+    def gather_logits(self, local: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.gather(local)
+
     def weight_target(self, name: str) -> tuple[str, Any] | None:
         """Checkpoint tensor name -> (our parameter name, shard id), or None to skip it."""
         if "rotary_emb" in name:
