@@ -140,7 +140,7 @@ def test_cache_aware_leaves_a_full_engine_for_one_with_room() -> None:
         return views
 
     views = engines()
-    d = Router("cache_aware", balance_threshold=32).pick(views, prompt)
+    d = Router("cache_aware", balance_threshold=32, queue_slack=0).pick(views, prompt)
     # Among the engines with room, the one with the longest prefix.
     assert d.view is views[1] and d.reason == "room" and d.predicted_tokens == 2 * PS
     # Slack lets that many wait where the prefix is; -1 never leaves it.
@@ -148,6 +148,9 @@ def test_cache_aware_leaves_a_full_engine_for_one_with_room() -> None:
     assert Router("cache_aware", queue_slack=2).pick(views, prompt).view is views[0]
     assert Router("cache_aware", queue_slack=-1).pick(views, prompt).view is views[0]
     assert Router("cache_aware", queue_slack=1).pick(views, prompt).view is views[1]
+    # The default lets 4 wait there (a fifth would leave).
+    assert Router("cache_aware").pick(engines(home_waiting=3), prompt).view.address.endswith("0:1")
+    assert Router("cache_aware").pick(engines(home_waiting=4), prompt).reason == "room"
     # Every engine full: queue where the prefix is.
     views = engines(others_full=True)
     d = Router("cache_aware").pick(views, prompt)
@@ -161,7 +164,7 @@ def test_a_burst_on_one_prefix_fills_its_engine_then_spills() -> None:
     views = _views(2)
     for v in views:
         _report(v, running=0, cap=8, watchers=2)
-    router = Router("cache_aware", balance_threshold=32)
+    router = Router("cache_aware", balance_threshold=32, queue_slack=0)
     system = list(range(100, 164))
     picks = [router.pick(views, system + [i] * PS) for i in range(8)]
     first = picks[0].view

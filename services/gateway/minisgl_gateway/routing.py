@@ -29,7 +29,7 @@ from minisgl_gateway.engine_view import EngineView
 
 POLICIES = ("round_robin", "least_load", "cache_aware")
 DEFAULT_BALANCE_THRESHOLD = 32.0
-DEFAULT_QUEUE_SLACK = 0  # requests that may wait at a full engine holding the prefix; < 0: off
+DEFAULT_QUEUE_SLACK = 4  # requests that may wait at a full engine holding the prefix; < 0: off
 
 _Hashes = Callable[[EngineView], list[int]]  # a prompt's page hashes at a view's page size
 
