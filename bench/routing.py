@@ -20,7 +20,8 @@ scheduled, from its histogram: a bucket's upper bound), and the longest waiting 
 running requests its load showed, polled every 50 ms), the parameters on each. `--gateway-args`
 passes flags to every gateway (e.g. a balance threshold); a policy written `name:flags` (e.g.
 `cache_aware:--routing-queue-slack=-1`) adds flags to that run's gateways only, so variants of
-one policy compare on the same engines.
+one policy compare on the same engines. `--repeats N` runs the policies in N interleaved rounds;
+a last line summarizes each variant over its runs (`summarize`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from minisgl.launcher import Stack, StackConfig, free_port
 from minisgl_core.serving import wait_for_health
@@ -264,8 +266,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scheduler-args", default="")
     p.add_argument("--gateway-args", default="",
                    help="extra gateway flags, e.g. \"--routing-balance-threshold 8\"")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of the routed policies (interleaved); the summary line gives "
+                        "each variant's means and medians over them")
     p.add_argument("--json", default="", help="also append the JSON lines to this file")
     return p.parse_args(argv)
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per routed variant (policy and its gateway flags) over its runs: mean throughput (and its
+    ratio to the single engine's, when one ran), mean hit rate, median TTFT p50 and p99. One
+    variant's TTFT p99 varies by seconds between runs on a saturated pair of engines: compare
+    medians over `--repeats`."""
+    single = next((r for r in records if r["mode"] == "single"), None)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["mode"] == "routed":
+            runs.setdefault(f"{r['policy']} {r['gateway_args']}".strip(), []).append(r)
+    out = {}
+    for name, rs in runs.items():
+        tok_s = statistics.mean(float(r["output_tok_s"]) for r in rs)
+        row = {"runs": len(rs), "output_tok_s": round(tok_s, 1),
+               "hit_rate": round(statistics.mean(float(r["hit_rate"]) for r in rs), 4),
+               "ttft_p50_s": round(statistics.median(float(r["ttft_p50_s"]) for r in rs), 4),
+               "ttft_p99_s": round(statistics.median(float(r["ttft_p99_s"]) for r in rs), 4)}
+        if single and float(single["output_tok_s"]):
+            row["x_single"] = round(tok_s / float(single["output_tok_s"]), 3)
+        out[name] = row
+    return out
 
 
 def _servable(model: str) -> str:
@@ -296,9 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         stack = _stack(args, engines, 1)
         try:
             if "routed" in modes:
-                for policy in policies:
-                    emit(run_one(args, stack, list(range(engines)), "routed", policy, seed))
-                    seed += 1
+                for _ in range(max(1, args.repeats)):  # rounds of every policy: interleaved
+                    for policy in policies:
+                        emit(run_one(args, stack, list(range(engines)), "routed", policy, seed))
+                        seed += 1
             if "single" in modes:  # engine 0 alone, the others idle
                 emit(run_one(args, stack, [0], "single", "round_robin", seed))
                 seed += 1
@@ -313,13 +342,8 @@ def main(argv: list[str] | None = None) -> int:
                 emit(run_one(args, stack, [0], "tp", "round_robin", seed))
             finally:
                 stack.stop()
-    routed = {f"{r['policy']} {r['gateway_args']}".strip(): r for r in records
-              if r["mode"] == "routed"}
-    single = next((r for r in records if r["mode"] == "single"), None)
-    if single and routed:
-        base = float(single["output_tok_s"]) or 1.0  # type: ignore[arg-type]
-        emit({"summary": {p: round(float(r["output_tok_s"]) / base, 3)  # type: ignore[arg-type]
-                          for p, r in routed.items()}, "vs": "single engine throughput"})
+    if any(r["mode"] == "routed" for r in records):
+        emit({"summary": summarize(records)})
     jsonl.append(args.json, records)
     return 0 if all(not r.get("errors") for r in records) else 1
 
