@@ -85,6 +85,19 @@ TIERS: list[Panel] = [
     ("Gateway: upstream streams lost / s", "short",
      [(f"sum(rate(minisgl_gateway_upstream_stream_losses_total{{{INST}}}[{RI}])) or vector(0)",
        "lost")]),
+    # Engine replicas behind the gateways (docs/operations.md, "Scale-out routing"): where
+    # sequences go and why (cache, room, load, round_robin, sticky, only, retry), which engines
+    # take traffic, and whether the router's cache predictions hold.
+    ("Gateway: routed / s by engine and reason, engines up, retries / s", "short",
+     [(f"sum by (engine, reason) (rate(minisgl_gateway_routed_requests_total{{{INST}}}[{RI}]))",
+       "{{engine}} {{reason}}"),
+      (f"max by (engine) (minisgl_gateway_engine_up{{{INST}}})", "up {{engine}}"),
+      (f"sum(rate(minisgl_gateway_retries_total{{{INST}}}[{RI}])) or vector(0)", "retries")]),
+    ("Gateway: cached prompt tokens / s, predicted by routing vs reported by engines", "short",
+     [(f"sum(rate(minisgl_gateway_predicted_cached_tokens_total{{{INST}}}[{RI}])) or vector(0)",
+       "predicted"),
+      (f"sum(rate(minisgl_gateway_reported_cached_tokens_total{{{INST}}}[{RI}])) or vector(0)",
+       "reported")]),
     ("Tokenizer: items / s and tokens / s", "short",
      [(f"sum by (kind) (rate(minisgl_tokenizer_items_total{{{INST}}}[{RI}]))", "items {{kind}}"),
       (f"sum(rate(minisgl_tokenizer_prompt_tokens_total{{{SEL}}}[{RI}]))", "tokens")]),
