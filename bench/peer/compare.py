@@ -17,6 +17,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from bench.profile.kernels import KINDS
+
 HIGHER, LOWER = "", " (lower is better)"
 METRICS: dict[str, list[tuple[str, str]]] = {
     "offline": [("output_tok_s", HIGHER)],
@@ -24,6 +26,10 @@ METRICS: dict[str, list[tuple[str, str]]] = {
     "serving": [("output_tok_s", HIGHER), ("ttft_p50_ms", LOWER), ("ttft_p99_ms", LOWER),
                 ("itl_p50_ms", LOWER), ("itl_p99_ms", LOWER), ("hit_rate", HIGHER)],
     "prefill": [("prefill_tok_s", HIGHER), ("tflops", HIGHER), ("pct_of_peak", HIGHER)],
+    # bench.profile.steps / bench.peer.profile: kernel seconds by kind (a dotted metric reads
+    # inside the record's `by_kind_s`).
+    "profile": [("output_tok_s", HIGHER), ("gpu_busy_s", LOWER), ("gpu_idle_pct", LOWER),
+                *((f"by_kind_s.{kind}", LOWER) for kind in KINDS)],
 }
 ENGINES = ("minisgl", "vllm")
 
@@ -54,6 +60,8 @@ def row_key(rec: dict[str, Any]) -> tuple[str, ...] | None:
                 f"c={rec.get('concurrency')}"]
     elif bench == "prefill":
         key.append(str(rec.get("case")))
+    elif bench == "profile":
+        key.append(str(rec.get("workload", "steady")))
     return tuple(key)
 
 
@@ -79,12 +87,20 @@ def _fmt(value: Any) -> str:
     return f"{value:,.4g}" if isinstance(value, float) and abs(value) < 10 else f"{value:,}"
 
 
+def _value(rec: dict[str, Any], metric: str) -> Any:
+    """rec[metric], or for "a.b" rec[a][b]; None where missing."""
+    value: Any = rec
+    for part in metric.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def table(rows: dict[tuple[str, ...], dict[str, dict[str, Any]]]) -> list[str]:
     out = ["| row | metric | minisgl | vLLM | ours/vLLM |", "|---|---|---|---|---|"]
     for key, by_engine in rows.items():
         for metric, direction in METRICS[key[0]]:
-            ours = by_engine.get("minisgl", {}).get(metric)
-            peer = by_engine.get("vllm", {}).get(metric)
+            ours = _value(by_engine.get("minisgl", {}), metric)
+            peer = _value(by_engine.get("vllm", {}), metric)
             if ours is None and peer is None:
                 continue
             ratio = f"{ours / peer:.3f}" if ours is not None and peer else "—"

@@ -1,11 +1,15 @@
-"""Where a decode step's time goes: torch profiler over a steady batch through the in-process `LLM`.
+"""Where an engine step's time goes: torch profiler over a workload through the in-process `LLM`.
 
     python -m bench.profile.steps --model /tmp/q06 --attention-backend flashinfer --batch 256
+    python -m bench.profile.steps --model /tmp/q8 --workload offline      # bench.offline's requests
 
-Runs `--batch` requests (prompt `--prompt-len`, `--output-len` tokens each, ignore_eos) once to
-warm up and once under the profiler, then prints: wall time, GPU busy time (sum of kernel time)
-and the idle share, and the top kernels and host functions. A chrome trace is written when
-`--trace` names a file.
+`--workload steady` (default) runs `--batch` requests (prompt `--prompt-len`, `--output-len` tokens
+each, ignore_eos) once to warm up and once under the profiler; `--workload offline` runs
+bench.offline's warm-up and then its 256 requests under the profiler (CUDA activity only, to keep
+the profiler's cost down). Prints one JSON line (wall time, GPU busy time and idle share, kernel
+seconds by kind and the top kernels: bench/profile/kernels.py), then the profiler's tables.
+`bench.peer.profile` runs vLLM on the same requests and prints the same fields, so the two can be
+read side by side. A chrome trace is written when `--trace` names a file.
 """
 
 from __future__ import annotations
@@ -15,8 +19,42 @@ import json
 import random
 import sys
 import time
+from typing import Any
 
 from bench.common import jsonl
+from bench.profile.kernels import kernel_times, report
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The workload flags bench.peer.profile shares."""
+    p.add_argument("--workload", default="steady", choices=["steady", "offline"])
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--rows", type=int, default=25)
+
+
+def requests(args: argparse.Namespace, vocab_size: int
+             ) -> tuple[tuple[list[list[int]], list[int]] | None, tuple[list[list[int]], list[int]]]:
+    """(warm-up, timed) as (prompts, max_tokens): steady batches or bench.offline's workload."""
+    if args.workload == "offline":
+        from bench.offline import warm_up_requests, workload
+
+        return warm_up_requests(), workload(256)
+    rng = random.Random(0)
+    top = min(10000, vocab_size - 1)
+    prompts = [[rng.randint(0, top) for _ in range(args.prompt_len)] for _ in range(args.batch)]
+    lens = [args.output_len] * args.batch
+    return (prompts, lens), (prompts, lens)
+
+
+def record_of(args: argparse.Namespace, engine: str, fields: dict[str, Any]) -> dict[str, Any]:
+    steady = args.workload == "steady"
+    return {"bench": "profile", "engine": engine, "model": args.model.rstrip("/").split("/")[-1],
+            "workload": args.workload, "batch": args.batch if steady else None,
+            "prompt_len": args.prompt_len if steady else None,
+            "output_len": args.output_len if steady else None, **fields}
 
 
 def main() -> int:
@@ -25,14 +63,10 @@ def main() -> int:
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--quantization", default="none", choices=["none", "fp8"])
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--disable-overlap", action="store_true")
-    p.add_argument("--rows", type=int, default=25)
     p.add_argument("--trace", default=None)
     p.add_argument("--json", default=None)
+    add_workload_args(p)
     args = p.parse_args()
 
     import torch
@@ -44,37 +78,40 @@ def main() -> int:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    offline = args.workload == "offline"
     llm = LLM(args.model, load_format="dummy", attention_backend=args.attention_backend,
-              disable_overlap=args.disable_overlap, cache="naive",
-              max_running_requests=args.batch, kv_cache_dtype=args.kv_cache_dtype,
-              quantization=args.quantization)
-    rng = random.Random(0)
-    top = min(10000, llm.engine.info().vocab_size - 1)
-    prompts = [[rng.randint(0, top) for _ in range(args.prompt_len)] for _ in range(args.batch)]
-    params = SamplingParams(temperature=args.temperature, ignore_eos=True,
-                            max_tokens=args.output_len)
-    llm.generate(prompts, params)  # warm-up
+              disable_overlap=args.disable_overlap, cache="radix" if offline else "naive",
+              max_running_requests=256 if offline else args.batch,
+              kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization)
+    (warm, warm_lens), (prompts, lens) = requests(args, llm.engine.info().vocab_size)
+
+    def params(max_tokens: list[int]) -> list[SamplingParams]:
+        return [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
+                for n in max_tokens]
+
+    llm.generate(warm, params(warm_lens))
     sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] if offline else [ProfilerActivity.CPU,
+                                                          ProfilerActivity.CUDA]
+    if not torch.cuda.is_available():
+        activities = [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
         start = time.perf_counter()
-        llm.generate(prompts, params)
+        llm.generate(prompts, params(lens))
         sync()
         wall = time.perf_counter() - start
     events = prof.key_averages()
-    # Kernels only: an op that launches a kernel (aten::mm, aten::_scaled_mm, cuLaunchKernel)
-    # reports that kernel's time as its own "self device time" too, and counting both made the
-    # busy time exceed the wall time (an fp8 prefill run: 4.16 s busy in 2.43 s).
-    gpu_us = sum(e.self_device_time_total for e in events
-                 if e.device_type == torch.autograd.DeviceType.CUDA)
-    record = {"model": args.model, "backend": args.attention_backend, "batch": args.batch,
-              "prompt_len": args.prompt_len, "output_len": args.output_len,
-              "overlap": not args.disable_overlap, "wall_s": round(wall, 3),
-              "gpu_busy_s": round(gpu_us / 1e6, 3),
-              "gpu_idle_pct": round(100 * (1 - gpu_us / 1e6 / wall), 1),
-              "decode_tok_s": round(args.batch * args.output_len / wall, 1)}
+    fields = report(kernel_times(events), wall, args.rows)
+    record = record_of(args, "minisgl", {
+        "backend": args.attention_backend, "overlap": not args.disable_overlap,
+        "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
+        "output_tok_s": round(sum(lens) / wall, 1), **fields})
     print(json.dumps(record))
-    print(events.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=70))
-    print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70))
+    print(events.table(sort_by="self_device_time_total", row_limit=args.rows,
+                       max_name_column_width=70))
+    if not offline:
+        print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows,
+                           max_name_column_width=70))
     if args.trace:
         prof.export_chrome_trace(args.trace)
     jsonl.append(args.json, [record])

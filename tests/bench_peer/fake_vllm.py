@@ -17,7 +17,8 @@ from types import SimpleNamespace
 
 __version__ = "0.0-fake"
 _ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
-        "VLLM_USE_FLASHINFER_SAMPLER", "PYTHONPATH")
+        "VLLM_USE_FLASHINFER_SAMPLER", "PYTHONPATH",
+        "VLLM_ENABLE_V1_MULTIPROCESSING")
 
 
 def _log(rec):

@@ -36,6 +36,11 @@ LINES = [
      "prefill_tok_s": 50000.0},
     {"bench": "prefill", "engine": "vllm", "model": "Qwen3-8B", "case": "1x32768",
      "prefill_tok_s": 30000.0},
+    # profile: kernel seconds by kind, read inside by_kind_s
+    {"bench": "profile", "engine": "minisgl", "model": "q8", "workload": "offline",
+     "gpu_busy_s": 17.0, "by_kind_s": {"attention": 6.0, "gemm": 9.0}},
+    {"bench": "profile", "engine": "vllm", "model": "q8", "workload": "offline",
+     "gpu_busy_s": 17.5, "by_kind_s": {"attention": 5.0, "gemm": 10.0}},
 ]
 
 
@@ -59,6 +64,10 @@ def test_ratios() -> None:
     assert rows["prefill Qwen3-8B tp=1 kv=auto w=none 8x8192 / prefill_tok_s"][2] == "0.800"
     assert rows["prefill Qwen3-8B tp=1 kv=auto w=none 1x32768 / prefill_tok_s"][:2] == \
         ["—", "30,000.0"]
+    prof = "profile q8 tp=1 kv=auto w=none offline"
+    assert rows[f"{prof} / by_kind_s.attention (lower is better)"] == ["6", "5", "1.200"]
+    assert rows[f"{prof} / by_kind_s.gemm (lower is better)"][2] == "0.900"
+    assert f"{prof} / by_kind_s.norm (lower is better)" not in rows  # neither engine has it
 
 
 def test_cli_reads_files(tmp_path: Path) -> None:

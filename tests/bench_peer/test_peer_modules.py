@@ -5,6 +5,7 @@ without vLLM ends with a message, not a traceback."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -20,6 +21,8 @@ import bench.peer.offline
 import bench.peer.prefill
 import bench.peer.serving
 import bench.prefill
+import bench.profile.kernels
+import bench.profile.steps
 import bench.serving
 from bench.peer.server import flags
 from bench.peer.vllm_env import NVLS_OFF
@@ -158,3 +161,21 @@ def test_serving_drives_the_server_with_our_client(site: Path, tmp_path: Path) -
     assert rec["output_tok_s"] > 0 and rec["ttft_p50_ms"] > 0
     assert rec["itl_p50_ms"] is not None
     assert rec["hit_rate"] == 0.5  # the fake counts half of each timed prompt (2,176 ids) a hit
+
+
+def test_profile_sends_the_steady_batch_in_process(site: Path, tmp_path: Path) -> None:
+    """bench.peer.profile: vLLM's engine core in this process (else the profiler sees no kernel),
+    the same requests as bench.profile.steps, the same fields as ours."""
+    (rec,), seen = _peer("bench.peer.profile", site, tmp_path / "log", "--batch", "3",
+                         "--prompt-len", "5", "--output-len", "2", "--rows", "3")
+    init, warm, timed = seen
+    assert init["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert init["init"]["enable_prefix_caching"] is False  # ours runs the steady batch uncached
+    vocab = json.loads((TINY / "config.json").read_text())["vocab_size"]
+    args = argparse.Namespace(workload="steady", batch=3, prompt_len=5, output_len=2)
+    (_, _), (prompts, lens) = bench.profile.steps.requests(args, vocab)
+    assert warm["prompts"] == timed["prompts"] == prompts and timed["max_tokens"] == lens == [2] * 3
+    assert (rec["bench"], rec["engine"], rec["workload"], rec["batch"]) == \
+        ("profile", "vllm", "steady", 3)
+    assert set(rec["by_kind_s"]) == set(bench.profile.kernels.KINDS)
+    assert rec["gpu_busy_s"] == 0 and rec["output_tok_s"] > 0  # the fake runs no kernel
