@@ -44,6 +44,7 @@ def main() -> int:
 
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
+    from minisgl_worker.attention import describe
 
     # Only when set: older trees (A/B runs) lack the fields.
     extra = {"disable_custom_all_reduce": True} if args.disable_custom_all_reduce else {}
@@ -71,6 +72,7 @@ def main() -> int:
 
     record = {"bench": "latency", "engine": "minisgl", "model": Path(args.model).name,
               "tp": args.tp_size, "backend": args.attention_backend,
+              "attention": describe(llm.engine.backend),
               "cuda_graph": not args.disable_cuda_graph,
               "custom_all_reduce": args.tp_size > 1 and not args.disable_custom_all_reduce,
               "sharded_sampling": args.tp_size > 1 and not args.disable_sharded_sampling,

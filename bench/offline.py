@@ -103,6 +103,7 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
              out_lens: list[int]) -> tuple[dict, list[list[int]]]:
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
+    from minisgl_worker.attention import describe
 
     kwargs = dict(load_format=args.load_format, tp_size=args.tp_size,
                   attention_backend=args.attention_backend, cache=args.cache,
@@ -136,7 +137,9 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
     record = {
         "bench": "offline", "engine": "minisgl", "model": Path(args.model).name,
         "tp": args.tp_size, "backend": args.attention_backend,
+        "attention": describe(llm.engine.backend),
         "decode_backend": args.decode_attention_backend,
+        "max_prefill_tokens": args.max_prefill_tokens,
         "overlap": not args.disable_overlap, "cache": args.cache,
         "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
         "cuda_graph": not args.disable_cuda_graph,

@@ -151,6 +151,7 @@ def main() -> int:
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
     from minisgl_scheduler import SchedulerConfig
+    from minisgl_worker.attention import describe
 
     kwargs: dict[str, Any] = dict(load_format=args.load_format, tp_size=args.tp_size,
                                   attention_backend=args.attention_backend, cache=args.cache,
@@ -184,6 +185,7 @@ def main() -> int:
         timed = [run(case, r) for r in range(args.repeats)]
         record = {"bench": "prefill", "engine": "minisgl", "model": Path(args.model).name,
                   "tp": args.tp_size, "device": device, "backend": args.attention_backend,
+                  "attention": describe(llm.engine.backend),
                   "prefill_backend": args.prefill_attention_backend,
                   "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
                   "max_prefill_tokens": chunk, "cache": args.cache,

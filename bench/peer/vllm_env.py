@@ -53,11 +53,20 @@ def site_version(site: Path) -> str:
     return infos[0].name[len("vllm-"):-len(".dist-info")] if infos else "?"
 
 
+def _has_flashinfer(folder: str) -> bool:
+    """A path entry holding a FlashInfer package: bench/gpu_env.sh puts ours (0.6.4, for
+    minisgl) on PYTHONPATH, and vLLM 0.26 calls FlashInfer APIs that 0.6.4 lacks (its engine
+    core then fails to start: `autotune() got an unexpected keyword argument 'cache'`). vLLM
+    runs without it, as its carried site has none."""
+    return (Path(folder) / "flashinfer" / "__init__.py").is_file()
+
+
 def child_env(site: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a process running vLLM: the site first on PYTHONPATH, NVLS off."""
+    """The environment of a process running vLLM: the site first on PYTHONPATH, no folder with
+    a FlashInfer on it, NVLS off."""
     env = dict(os.environ if base is None else base)
-    old = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(site) + (os.pathsep + old if old else "")
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not _has_flashinfer(p)]
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *kept])
     for key, value in DEFAULTS.items():
         env.setdefault(key, value)
     env.update(NVLS_OFF)  # never inherited as "on"
@@ -68,7 +77,7 @@ def activate(site: str) -> Path:
     """Make `import vllm` find the carried site in this process and in the ones vLLM spawns."""
     path = check_site(site)
     os.environ.update(child_env(path))
-    sys.path.insert(0, str(path))
+    sys.path[:] = [str(path), *(p for p in sys.path if not (p and _has_flashinfer(p)))]
     return path
 
 
@@ -84,8 +93,8 @@ def import_vllm(site: str) -> Any:
 
 
 def flashinfer_visible(env: dict[str, str] | None = None) -> bool:
-    """Whether vLLM's processes can import a FlashInfer (bench/gpu_env.sh puts ours, 0.6.4, on
-    PYTHONPATH; the carried site has none): recorded, since vLLM may pick kernels from it."""
+    """Whether vLLM's processes could import a FlashInfer (the carried site has none, and
+    `child_env` takes ours off the path): recorded, since vLLM picks kernels from one it finds."""
     paths = [*(env or os.environ).get("PYTHONPATH", "").split(os.pathsep), *sys.path]
     return any(p and (Path(p) / "flashinfer" / "__init__.py").is_file() for p in paths)
 

@@ -25,16 +25,19 @@ import bench.profile.kernels
 import bench.profile.steps
 import bench.serving
 from bench.peer.server import flags
-from bench.peer.vllm_env import NVLS_OFF
+from bench.peer.vllm_env import NVLS_OFF, child_env, flashinfer_visible
 from tests.bench_peer.fake_vllm import make_site
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "models" / "tiny"
 
 
-def _peer(module: str, site: Path, log: Path, *args: str) -> tuple[list[dict], list[dict]]:
+def _peer(module: str, site: Path, log: Path, *args: str,
+          pythonpath: str | None = None) -> tuple[list[dict], list[dict]]:
     """Runs `python -m module` on the fake site: (its JSON lines, what the fake LLM saw)."""
     env = {**os.environ, "FAKE_VLLM_LOG": str(log)}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     for key in NVLS_OFF:  # the module itself must set them for vLLM
         env.pop(key, None)
     proc = subprocess.run([sys.executable, "-m", module, "--vllm-site", str(site),
@@ -179,3 +182,19 @@ def test_profile_sends_the_steady_batch_in_process(site: Path, tmp_path: Path) -
         ("profile", "vllm", "steady", 3)
     assert set(rec["by_kind_s"]) == set(bench.profile.kernels.KINDS)
     assert rec["gpu_busy_s"] == 0 and rec["output_tok_s"] > 0  # the fake runs no kernel
+
+
+def test_vllm_never_sees_our_flashinfer(site: Path, tmp_path: Path) -> None:
+    """bench/gpu_env.sh puts our FlashInfer (0.6.4) on PYTHONPATH; vLLM 0.26 failed to start
+    with it there (it calls newer FlashInfer APIs), so every vLLM process runs without it."""
+    ours = tmp_path / "site-with-flashinfer"
+    (ours / "flashinfer").mkdir(parents=True)
+    (ours / "flashinfer" / "__init__.py").write_text("")
+    repo = str(ROOT)
+    env = child_env(site.resolve(), {"PYTHONPATH": os.pathsep.join([str(ours), repo])})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(site.resolve()), repo]
+    assert not flashinfer_visible(env)  # (no FlashInfer on this CPU machine's own path)
+    (rec,), seen = _peer("bench.peer.offline", site, tmp_path / "log", "--num-seqs", "2",
+                         pythonpath=os.pathsep.join([str(ours), repo]))
+    assert str(ours) not in seen[0]["env"]["PYTHONPATH"].split(os.pathsep)
+    assert rec["flashinfer_on_path"] is False

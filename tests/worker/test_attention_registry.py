@@ -11,6 +11,7 @@ from minisgl_worker.attention import (
     BackendUnavailable,
     HybridBackend,
     auto_decode_name,
+    auto_prefill_name,
     backend_class,
     create_backend,
     describe,
@@ -93,3 +94,21 @@ def test_auto_decodes_with_triton_where_flashinfer_was_picked() -> None:
     assert auto_decode_name("torch") == "torch"  # CPU: the reference backend throughout
     pool = KVPool(1, 8, 4, 2, 16, torch.float8_e4m3fn, CPU, 2, 8)
     assert describe(create_backend("auto", fp8, pool)) == "torch"
+
+
+def test_auto_prefills_with_fa3_on_hopper_where_flashinfer_was_picked() -> None:
+    """The pick itself (FA3's kernels need an sm_90 GPU to run; tests/gpu checks them)."""
+    gpu = torch.device("cuda", 0)
+    bf16 = AttentionConfig(32, 8, 128, 128 ** -0.5, 64, 8, 8, 512, torch.bfloat16, gpu)
+    hopper, ampere, blackwell = (9, 0), (8, 0), (10, 0)
+    assert auto_prefill_name("flashinfer", bf16, hopper) == "fa3"
+    assert auto_prefill_name("flashinfer", bf16, ampere) == "flashinfer"
+    assert auto_prefill_name("flashinfer", bf16, blackwell) == "flashinfer"
+    assert auto_prefill_name("triton", bf16, hopper) == "triton"  # no FlashInfer installed
+    fp8 = replace(bf16, kv_dtype=torch.float8_e4m3fn)  # FA3 wants q in fp8 too
+    assert auto_prefill_name("flashinfer", fp8, hopper) == "flashinfer"
+    odd_head = replace(bf16, head_dim=96)
+    assert auto_prefill_name("flashinfer", odd_head, hopper) == "flashinfer"
+    fp32 = replace(bf16, dtype=torch.float32)
+    assert auto_prefill_name("flashinfer", fp32, hopper) == "flashinfer"
+    assert auto_prefill_name("torch", _config()) == "torch"  # CPU: never asks the device

@@ -132,3 +132,17 @@ def test_info(engine: Engine) -> None:
     assert (info.num_pages, info.page_size, info.max_slots, info.vocab_size) == (256, PAGE, 8, VOCAB)
     assert info.max_model_len == 256 and info.attention_backend == "torch"
     assert info.device == "cpu" and info.tp_size == 1
+
+
+def test_prefill_warm_up_leaves_the_engine_as_it_was(engine: Engine,
+                                                     reference: list[list[int]]) -> None:
+    """The start-up warm-up (run on CUDA, so FlashInfer's prefill kernels compile before the
+    first request) writes page 0 through slot 0 and then hands both back untouched: slot 0 holds
+    no pages and no token future, and requests give the same tokens after it."""
+    assert engine.warm_up_prefill() >= 0
+    assert engine.builder.pages_len[0] == 0 and not engine.builder.has_future[0]
+    decode = DecodeEntries()
+    decode.add(rid=1, slot=0, cache_len=3)  # slot 0 holds no page: refused, not read stale
+    with pytest.raises(InvalidPlan):
+        engine.step(StepPlan(1, decodes=decode))
+    assert run_requests(engine, PROMPTS, NEW, PAGE) == reference

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
-from minisgl_core.step import StepPlan
+from minisgl_core.step import ReqPlan, StepPlan
 
 from .. import distributed as dist
 from .. import env
@@ -140,6 +140,8 @@ class ModelRunner:
         if tp > 1 and not config.disable_sharded_sampling:
             self.vocab_shard = VocabShard.of_rank(mc.vocab_size, config.tp_rank, tp)
         self.graph_runner = self._make_graph_runner()
+        if device.type == "cuda":
+            self.warm_up_prefill()
         log.info("KV cache: %d pages x %d tokens (%.2f GiB, %s), backend %s, device %s",
                  self.num_pages, self.page_size, self.pool.memory_bytes() / 2**30,
                  str(self.kv_dtype).removeprefix("torch."),
@@ -185,6 +187,29 @@ class ModelRunner:
             else lambda hidden: model.compute_logits(hidden, fp32=False))
         return CudaGraphRunner(model, self.backend, self.pool, cfg.cuda_graph_max_bs,
                                logits=logits)
+
+    @torch.inference_mode()
+    def warm_up_prefill(self, num_tokens: int = 8) -> float:
+        """One throwaway prefill of `num_tokens` tokens into page 0, before any request: the
+        prefill attention kernels compile (FlashInfer JIT-compiles them on first use, a minute
+        for FA3 on a machine without its cache) at start-up, where the startup probe waits,
+        instead of inside the first request. Decode kernels compile in graph capture. Every
+        rank runs it (its TP collectives match); the slot and page it used are left as at
+        start. Returns the seconds it took."""
+        started = time.perf_counter()
+        n = max(1, min(num_tokens, self.page_size, self.max_model_len))
+        plan = StepPlan(step_id=-1, reqs=[ReqPlan(rid=-1, slot=0, cache_len=0,
+                                                  input_ids=[0] * n, new_pages=[0])])
+        self.run_logits(plan)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        b = self.builder  # slot 0 as it was: no pages, no token future
+        b.page_table[0] = 0
+        b.pages_len[0] = 0
+        b.has_future[0] = False
+        seconds = time.perf_counter() - started
+        log.info("prefill kernels warmed up in %.1fs", seconds)
+        return seconds
 
     def release(self) -> None:
         """Free the device memory this rank holds (CUDA graphs first: NCCL does not tear down a
