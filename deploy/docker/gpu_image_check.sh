@@ -52,7 +52,7 @@ EOF
 
 step "prebuild FlashInfer kernels (the image's build step; nvcc, no GPU needed)"
 FLASHINFER_WORKSPACE_BASE=/tmp/fi-build python3 deploy/docker/prebuild_flashinfer.py \
-  --head-dims 64,128 --kv-dtypes auto 2>&1 | tail -5 | tee "$out/prebuild.txt"
+  --head-dims 64,128 --kv-dtypes auto --fa3 2>&1 | tail -5 | tee "$out/prebuild.txt"
 
 step "as uid 10001, FLASHINFER_DISABLE_JIT=1"
 id minisgl >/dev/null 2>&1 || useradd --uid 10001 --create-home minisgl

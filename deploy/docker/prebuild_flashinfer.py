@@ -16,7 +16,8 @@ The variants are the ones `minisgl_worker.attention.flashinfer_backend` plans: p
 also used by tensor-core decode) and paged decode, no positional encoding in the kernel, no sliding
 window, no logits soft cap, int32 indices; query/output in the model dtype, the KV cache in the
 model dtype or fp8 (`--kv-cache-dtype fp8_e4m3|fp8_e5m2`). Pass `--fa3` for the fa3 prefill
-backend. Head dims default to 128 (every config in models/configs); add 64/256 for other models.
+kernels, which the worker's `auto` backend prefills with on Hopper (the image passes it). Head
+dims default to 128 (every config in models/configs); add 64/256 for other models.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ import time
 
 _DTYPES = {"bfloat16", "float16"}
 _KV_DTYPES = {"auto", "float8_e4m3fn", "float8_e5m2"}
+
+
+def _hopper_listed() -> bool:
+    """FA3 kernels exist for sm_90 only: with no 9.x in the arch list, --fa3 builds nothing."""
+    archs = os.environ.get("FLASHINFER_CUDA_ARCH_LIST", "9.0a").replace(",", " ").split()
+    return any(a.startswith("9.") for a in archs)
 
 
 def _specs(args: argparse.Namespace) -> list:
@@ -45,7 +52,7 @@ def _specs(args: argparse.Namespace) -> list:
                 common = (q, kv, q, torch.int32, hd, hd, 0, False, False)
                 specs.append(gen_batch_decode_module(*common))
                 specs.append(gen_batch_prefill_module("fa2", *common, False))
-                if args.fa3 and kv == q:
+                if args.fa3 and kv == q and _hopper_listed():
                     specs.append(gen_batch_prefill_module("fa3", *common, False))
     return specs
 
