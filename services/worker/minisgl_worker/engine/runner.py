@@ -140,8 +140,8 @@ class ModelRunner:
         if tp > 1 and not config.disable_sharded_sampling:
             self.vocab_shard = VocabShard.of_rank(mc.vocab_size, config.tp_rank, tp)
         self.graph_runner = self._make_graph_runner()
-        if device.type == "cuda":
-            self.warm_up_prefill()
+        # On every device, so CPU runs (the TP tests over gloo) take the same path as GPUs.
+        self.warm_up_prefill()
         log.info("KV cache: %d pages x %d tokens (%.2f GiB, %s), backend %s, device %s",
                  self.num_pages, self.page_size, self.pool.memory_bytes() / 2**30,
                  str(self.kv_dtype).removeprefix("torch."),
