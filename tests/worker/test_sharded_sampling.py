@@ -226,8 +226,10 @@ def test_sampler_sharded_equals_sample(tp: int):
             assert full.shardable(slots) and all(r.shardable(slots) for r in ranks)
             want = full.sample(logits, torch.tensor(slots), positions, slots).token_ids
             parts = shards(logits, tp)
+            # Odd ranks get the plan asked first (as the runner passes it), even ones build it.
             futures = [pool.submit(r.sample_sharded, parts[i], torch.tensor(slots), positions,
-                                   slots, VocabShard.of_rank(VOCAB, i, tp), exchange.combine(i))
+                                   slots, VocabShard.of_rank(VOCAB, i, tp), exchange.combine(i),
+                                   plan=r.shard_plan(slots) if i % 2 else None)
                        for i, r in enumerate(ranks)]
             for f in futures:
                 assert f.result().token_ids.tolist() == want.tolist()
@@ -237,6 +239,8 @@ def test_sampler_sharded_equals_sample(tp: int):
 def test_batches_that_need_the_full_vocabulary_are_not_shardable(other: str):
     s = new_sampler(["t06", "greedy", other], use_triton=False)
     assert s.shardable([0, 1]) and not s.shardable([0, 2]) and not s.shardable([2])
+    assert s.shard_plan([0, 1]) is not None and s.shard_plan([0, 2]) is None
+    assert s.shard_plan([]) is None
     logits = torch.zeros(2, VOCAB)
     with pytest.raises(ValueError, match="full vocabulary"):
         s.sample_sharded(logits, torch.tensor([0, 2]), torch.tensor([1, 1]), [0, 2],

@@ -271,7 +271,7 @@ class ModelRunner:
         draw. In the activation dtype: the sampler reads it directly on its fast paths. With a
         vocabulary shard, a batch the sampler can draw per shard never gathers the logits."""
         shard = self.vocab_shard
-        sharded = shard is not None and self.sampler.shardable(step.sample_slots_host)
+        plan = self.sampler.shard_plan(step.sample_slots_host) if shard is not None else None
         if not is_logits:
             hidden = out[step.batch.sample_indices]
             logits = (self.model.compute_local_logits(hidden) if shard is not None
@@ -280,9 +280,10 @@ class ModelRunner:
             logits = out[: len(step.sample_rids)]
         else:
             logits = out[step.batch.sample_indices]
-        if shard is not None and sharded:
+        if shard is not None and plan is not None:
             return self.sampler.sample_sharded(logits, step.sample_slots, step.sample_positions,
-                                               step.sample_slots_host, shard, exchange_best)
+                                               step.sample_slots_host, shard, exchange_best,
+                                               plan=plan)
         if shard is not None:  # this rank's shard (graph or eager): the full vocabulary
             logits = self.model.gather_logits(logits)
         return self.sampler.sample(logits, step.sample_slots, step.sample_positions,

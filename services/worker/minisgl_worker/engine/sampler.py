@@ -299,23 +299,31 @@ class Sampler:
         from its own logit and id only (greedy and temperature-only rows; no processor, mask,
         bias or logprobs): then `sample_sharded` can draw from each TP rank's vocabulary shard.
         Read from the host mirror, so it is known before the step's forward."""
+        return self.shard_plan(host_slots) is not None
+
+    def shard_plan(self, host_slots: Sequence[int] | np.ndarray) -> _Plan | None:
+        """The batch's plan when it is `shardable`, else None: handed to `sample_sharded` by a
+        caller that asked first, so the plan is built once a step."""
         hs = np.asarray(host_slots, dtype=np.int64)
-        return bool(hs.size) and self._shard_plan(hs) is not None
+        return self._shard_plan(hs) if hs.size else None
 
     def sample_sharded(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                        host_slots: Sequence[int] | torch.Tensor | None, shard: VocabShard,
-                       combine: Combine) -> SampleOutput:
+                       combine: Combine, plan: _Plan | None = None) -> SampleOutput:
         """`sample` for a `shardable` batch from one TP rank's shard of the logits ([B, >=
         shard.size], padding columns past it ignored): this rank's best (score, id) per row go
         to `combine`, which must return the same winners on every rank (engine.sharded_sampling).
-        The tokens are those `sample` draws from the gathered logits."""
+        The tokens are those `sample` draws from the gathered logits. `plan`: `shard_plan`'s
+        answer for these slots in this step, if the caller has it (nothing may change the slots'
+        parameters in between)."""
         batch = logits.shape[0]
         if logits.dim() != 2 or logits.shape[1] < shard.size:
             raise ValueError(f"logits must be [B, >= {shard.size}], got {tuple(logits.shape)}")
         hs = self._check_batch(logits, slots, positions, host_slots)
         if batch == 0:
             return SampleOutput(torch.zeros(0, dtype=torch.int64, device=logits.device))
-        plan = self._shard_plan(hs)
+        if plan is None:
+            plan = self._shard_plan(hs)
         if plan is None:
             raise ValueError("this batch needs the full vocabulary's logits: use sample()")
         self.flush()
