@@ -96,7 +96,7 @@ def flashinfer_visible(env: dict[str, str] | None = None) -> bool:
     """Whether vLLM's processes could import a FlashInfer (the carried site has none, and
     `child_env` takes ours off the path): recorded, since vLLM picks kernels from one it finds."""
     paths = [*(env or os.environ).get("PYTHONPATH", "").split(os.pathsep), *sys.path]
-    return any(p and (Path(p) / "flashinfer" / "__init__.py").is_file() for p in paths)
+    return any(p and _has_flashinfer(p) for p in paths)
 
 
 def device_name() -> str:

@@ -19,6 +19,7 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.common import jsonl
@@ -51,7 +52,7 @@ def requests(args: argparse.Namespace, vocab_size: int
 
 def record_of(args: argparse.Namespace, engine: str, fields: dict[str, Any]) -> dict[str, Any]:
     steady = args.workload == "steady"
-    return {"bench": "profile", "engine": engine, "model": args.model.rstrip("/").split("/")[-1],
+    return {"bench": "profile", "engine": engine, "model": Path(args.model).name,
             "workload": args.workload, "batch": args.batch if steady else None,
             "prompt_len": args.prompt_len if steady else None,
             "output_len": args.output_len if steady else None, **fields}
