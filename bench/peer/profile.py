@@ -14,12 +14,11 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from bench.peer.engine import add_engine_args, base_record, make_llm
 from bench.peer.vllm_env import add_common_args, emit, import_vllm, shutdown_and_exit
-from bench.profile.kernels import kernel_times, report
+from bench.profile.kernels import kernel_times, profiled, report
 from bench.profile.steps import add_workload_args, record_of, requests
 
 
@@ -32,8 +31,6 @@ def main() -> int:
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before vLLM reads its environment
     vllm = import_vllm(args.vllm_site)
-    import torch
-    from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
 
     config = json.loads((Path(args.model) / "config.json").read_text())
@@ -47,19 +44,7 @@ def main() -> int:
                       for n in max_tokens], use_tqdm=False)
 
     run(warm, warm_lens)
-    on_gpu = torch.cuda.is_available()
-    if on_gpu:
-        torch.cuda.synchronize()
-    activities = ([ProfilerActivity.CUDA] if offline else
-                  [ProfilerActivity.CPU, ProfilerActivity.CUDA]) if on_gpu else \
-        [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        start = time.perf_counter()
-        run(prompts, lens)
-        if on_gpu:
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - start
-    events = prof.key_averages()
+    events, wall = profiled(lambda: run(prompts, lens), cuda_only=offline)
     fields = report(kernel_times(events), wall, args.rows)
     base = base_record(vllm.__version__, args, "profile")
     emit({**base, **record_of(args, "vllm", {"output_tok_s": round(sum(lens) / wall, 1),

@@ -14,8 +14,9 @@ table printed beside the buckets shows what they are.
 from __future__ import annotations
 
 import re
+import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 RULES: tuple[tuple[str, str], ...] = (
@@ -41,6 +42,32 @@ def kind_of(name: str) -> str:
         if pattern.search(name):
             return kind
     return "other"
+
+
+def profiled(run: Callable[[], object], cuda_only: bool,
+             trace: str | None = None) -> tuple[Any, float]:
+    """`run()` under the torch profiler: (its `key_averages()`, wall seconds to the GPU's end).
+    CPU and CUDA activity, or CUDA only (`cuda_only`: a long run, the host events would cost
+    more than they tell); CPU only on a machine without CUDA. `trace`: a chrome trace file."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CUDA] if cuda_only else [ProfilerActivity.CPU,
+                                                            ProfilerActivity.CUDA]
+    if not on_gpu:
+        activities = [ProfilerActivity.CPU]
+    if on_gpu:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        run()
+        if on_gpu:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    if trace:
+        prof.export_chrome_trace(trace)
+    return prof.key_averages(), wall
 
 
 def kernel_times(events: Iterable[Any]) -> dict[str, float]:
@@ -79,4 +106,5 @@ def report(times: dict[str, float], wall_s: float, rows: int) -> dict[str, Any]:
             "by_kind_s": by_kind(times), "top_kernels": top_kernels(times, rows)}
 
 
-__all__ = ["KINDS", "RULES", "by_kind", "kernel_times", "kind_of", "report", "top_kernels"]
+__all__ = ["KINDS", "RULES", "by_kind", "kernel_times", "kind_of", "profiled", "report",
+           "top_kernels"]

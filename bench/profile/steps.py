@@ -18,12 +18,11 @@ import argparse
 import json
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import jsonl
-from bench.profile.kernels import kernel_times, report
+from bench.profile.kernels import kernel_times, profiled, report
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -70,14 +69,8 @@ def main() -> int:
     add_workload_args(p)
     args = p.parse_args()
 
-    import torch
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
-    from torch.profiler import ProfilerActivity, profile
-
-    def sync() -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
 
     offline = args.workload == "offline"
     llm = LLM(args.model, load_format="dummy", attention_backend=args.attention_backend,
@@ -91,17 +84,8 @@ def main() -> int:
                 for n in max_tokens]
 
     llm.generate(warm, params(warm_lens))
-    sync()
-    activities = [ProfilerActivity.CUDA] if offline else [ProfilerActivity.CPU,
-                                                          ProfilerActivity.CUDA]
-    if not torch.cuda.is_available():
-        activities = [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        start = time.perf_counter()
-        llm.generate(prompts, params(lens))
-        sync()
-        wall = time.perf_counter() - start
-    events = prof.key_averages()
+    events, wall = profiled(lambda: llm.generate(prompts, params(lens)), cuda_only=offline,
+                           trace=args.trace)
     fields = report(kernel_times(events), wall, args.rows)
     record = record_of(args, "minisgl", {
         "backend": args.attention_backend, "overlap": not args.disable_overlap,
@@ -113,8 +97,6 @@ def main() -> int:
     if not offline:
         print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows,
                            max_name_column_width=70))
-    if args.trace:
-        prof.export_chrome_trace(args.trace)
     jsonl.append(args.json, [record])
     llm.close()
     return 0
