@@ -110,6 +110,14 @@ def test_decode_zero_length_row_and_workspace():
     assert torch.equal(out[2], torch.zeros(4, HEAD_DIM))
     expect = reference(q[1:2], *pool.kv_of(1), 2, 0.3)[0]
     torch.testing.assert_close(out[1], expect, atol=2e-5, rtol=2e-5)
+    # One split writes the answer itself: every element of `out`, the workspace left alone.
+    ws = (torch.full((8, 4, 1, HEAD_DIM), float("nan")), torch.full((8, 4, 1), float("nan")))
+    direct = paged_decode.paged_decode(q, pool.k, pool.v, pool.table, rows, seq_lens, 0.3,
+                                       num_splits=1, block_n=16, workspace=ws,
+                                       out=torch.full_like(q, float("nan")))
+    assert torch.equal(direct[2], torch.zeros(4, HEAD_DIM))
+    torch.testing.assert_close(direct, out, atol=2e-5, rtol=2e-5)
+    assert bool(ws[0].isnan().all()) and bool(ws[1].isnan().all())
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
@@ -162,7 +170,10 @@ def test_store_kv_writes_only_its_slots(page_size: int):
 
 def test_choose_num_splits():
     assert paged_decode.choose_num_splits(256, 8, 100) == 1
-    assert paged_decode.choose_num_splits(256, 8, 40960) == 2  # a full batch: 2 splits
+    assert paged_decode.choose_num_splits(256, 8, 40960) == 1  # a full batch: no merge
+    assert paged_decode.choose_num_splits(128, 8, 40960) == 2
+    assert paged_decode.choose_num_splits(256, 4, 40960) == 1  # 4 KV heads: still one
+    assert paged_decode.choose_num_splits(256, 2, 40960) == 4
     assert paged_decode.choose_num_splits(1, 8, 32768) == 32
     assert paged_decode.choose_num_splits(4, 8, 1000) == 4
     for b in (1, 3, 17, 300):

@@ -90,12 +90,17 @@ def route(router_logits: torch.Tensor, top_k: int,
           norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """HF Qwen3-MoE routing: softmax in fp32 over all experts, top-k, optional renormalisation.
 
-    Returns (topk_weights [T, K] in the logits' dtype, topk_ids [T, K] int64).
+    Returns (topk_weights [T, K] in the logits' dtype, topk_ids [T, K] int64). CUDA logits take
+    one Triton kernel (`moe_ops.route_topk`), others the torch formula below.
     """
     if router_logits.dim() != 2:
         raise ValueError(f"router_logits must be [T, E], got {tuple(router_logits.shape)}")
     if not 1 <= top_k <= router_logits.shape[1]:
         raise ValueError(f"top_k={top_k} must be in [1, {router_logits.shape[1]}]")
+    if router_logits.is_cuda:
+        from .moe_ops import route_topk
+
+        return route_topk(router_logits, top_k, norm_topk_prob)
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if norm_topk_prob:
@@ -298,8 +303,10 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
         EVEN_K=inter % t.block_k == 0, PRECISION=precision,
         FP8=fp8, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype))
-    # torch's sum accumulates half types in fp32 and rounds once.
-    return per_pair.view(num_tokens, top_k, hidden_size).sum(dim=1)
+    from .moe_ops import sum_over_k
+
+    # fp32 accumulation, rounded once (as torch's sum of half types)
+    return sum_over_k(per_pair.view(num_tokens, top_k, hidden_size))
 
 
 def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

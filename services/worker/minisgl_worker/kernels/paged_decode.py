@@ -25,10 +25,15 @@ from . import pdl
 from .pdl import begin as _pdl_begin
 
 _LOG2E = 1.4426950408889634
-# Stage-1 programs worth launching: a full batch (256 x 8 KV heads) still gains from 2 splits
-# on an H100 (Qwen3-0.6B shapes, ~1k-token contexts: 1/2/4/8 splits read 2.83/2.84/2.78/2.68 TB/s;
-# docs/benchmarks/log/2026-11-24-10.md).
-_TARGET_PROGRAMS = 4096
+# Stage-1 programs worth launching. A full batch of 256 x 8 KV heads reads as fast with one split
+# as with two (Qwen3-0.6B shapes on an H100, ~1k-token contexts: 1/2/4/8 splits 2.83/2.84/2.78/
+# 2.68 TB/s; docs/benchmarks/log/2026-11-24-10.md), and one split writes the output itself: no
+# fp32 partials, no merge launch (7-13 us a layer at batch 256 on the 8B / 30B-A3B shapes).
+_TARGET_PROGRAMS = 2048
+# A full batch takes one split with as few as 4 KV heads too: on an H100 (bench.micro.decode_splits,
+# contexts 100-2,048) 1/2 splits at batch 256 took 199.5/210.9 us (Qwen3-30B-A3B heads, bf16),
+# 126.6/131.9 (fp8), 377.9/393.8 (Qwen3-8B bf16); at batch 128 the two were within +-4 %.
+_DIRECT_BATCH, _DIRECT_MIN_PROGRAMS = 256, 1024
 _MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 
@@ -36,16 +41,17 @@ MAX_SPLITS = 32
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
-    qk_scale, num_splits,
+    out_ptr, qk_scale, num_splits,
     stride_qb, stride_qh,
     stride_kp, stride_kt, stride_kh,
     stride_vp, stride_vt, stride_vh,
     stride_pt,
     stride_ob, stride_oh, stride_os,
-    stride_lb, stride_lh,
+    stride_lb, stride_lh, stride_outb, stride_outh,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, MMA_FP16: tl.constexpr, USE_PDL: tl.constexpr = False,
+    PRECISION: tl.constexpr, MMA_FP16: tl.constexpr, DIRECT: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
     _pdl_begin(USE_PDL)
     b = tl.program_id(0)
@@ -110,10 +116,16 @@ def _decode_split_kernel(
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    o_off = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
-    tl.store(part_o_ptr + o_off, out, mask=g_mask[:, None] & d_mask[None, :])
-    tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
+    if DIRECT:  # one split: this is the answer, no partials and no merge
+        tl.store(out_ptr + b.to(tl.int64) * stride_outb + heads[:, None] * stride_outh
+                 + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=g_mask[:, None] & d_mask[None, :])
+    else:
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        o_off = (b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os
+                 + d[None, :])
+        tl.store(part_o_ptr + o_off, out, mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
 
 
 @triton.jit
@@ -162,6 +174,8 @@ def _default_stages(device: torch.device, row_bytes: int) -> int:
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
     """Enough splits to fill the GPU when the batch is small, never slices under a few hundred
     tokens; a power of two so that few variants get compiled."""
+    if batch >= _DIRECT_BATCH and batch * num_kv_heads >= _DIRECT_MIN_PROGRAMS:
+        return 1
     want = min(triton.cdiv(_TARGET_PROGRAMS, max(1, batch * num_kv_heads)),
                triton.cdiv(max(1, max_seq_len), _MIN_SPLIT_TOKENS), MAX_SPLITS)
     return triton.next_power_of_2(max(1, want))
@@ -183,7 +197,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out = torch.empty_like(q)
     if batch == 0:
         return out
-    if workspace is None:
+    if workspace is None:  # (one split writes `out` directly; the partials stay unwritten)
         part_o = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32,
                              device=q.device)
         part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
@@ -195,20 +209,23 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     launch = pdl.options(q)
     mma_fp16 = k_cache.element_size() == 1 and q.dtype in (torch.bfloat16, torch.float16)
+    direct = num_splits == 1
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, page_table, rows, seq_lens, part_o, part_lse,
+        q, k_cache, v_cache, page_table, rows, seq_lens, part_o, part_lse, out,
         sm_scale * _LOG2E, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
+        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-        PRECISION=precision, MMA_FP16=mma_fp16, num_warps=num_warps, num_stages=num_stages,
-        **launch,
+        PRECISION=precision, MMA_FP16=mma_fp16, DIRECT=direct, num_warps=num_warps,
+        num_stages=num_stages, **launch,
     )
+    if direct:
+        return out
     _decode_merge_kernel[(batch, num_heads)](
         part_o, part_lse, out, num_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),

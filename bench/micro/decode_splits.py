@@ -1,0 +1,109 @@
+"""GPU microbenchmark of the split-K decode kernel by split count: where one split (the kernel
+writes the output itself, no merge) beats split-K plus the merge.
+
+    source bench/gpu_env.sh && python -m bench.micro.decode_splits [--batch 256 128 64]
+
+Per case (model heads x batch x KV dtype x splits) it times `paged_decode` as a CUDA graph of
+--layers calls (each layer its own KV pool, so the reads come from HBM, not L2) and reports the
+median µs a layer call and the K/V bytes read a second. Context lengths follow the offline
+workload in mid-run: prompt randint(100, 1024) plus randint(0, 1024) tokens decoded so far; pages
+of 64 scattered over the pool. `default` is the split count `choose_num_splits` picks for that
+batch. Outputs of every split count are checked against one split's (max |diff| reported; exit
+status 1 past 2e-2). One JSON line per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+
+import torch
+from minisgl_worker.kernels.paged_decode import choose_num_splits, paged_decode
+
+from bench.common.gpu_timing import graph_us
+
+MODELS = {"qwen3-0.6b": (16, 8), "qwen3-8b": (32, 8), "qwen3-30b-a3b": (32, 4)}
+D, PAGE, MAX_MODEL_LEN = 128, 64, 40960
+
+
+Caches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def make_case(batch: int, hk: int, kv_dtype: torch.dtype, layers: int, seed: int
+              ) -> tuple[list[int], torch.Tensor, Caches, torch.Tensor, torch.Tensor]:
+    rng = random.Random(seed)
+    lens = [rng.randint(100, 1024) + rng.randint(0, 1024) for _ in range(batch)]
+    pages_per = [-(-n // PAGE) for n in lens]
+    num_pages = sum(pages_per) + 1
+    perm = torch.randperm(num_pages, device="cuda").to(torch.int32)
+    table = torch.zeros(batch, max(pages_per), dtype=torch.int32, device="cuda")
+    used = 0
+    for b, n in enumerate(pages_per):
+        table[b, :n] = perm[used:used + n]
+        used += n
+    shape = (num_pages, PAGE, hk, D)
+    caches = [(torch.randn(shape, device="cuda").to(kv_dtype),
+               torch.randn(shape, device="cuda").to(kv_dtype)) for _ in range(layers)]
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    rows = torch.arange(batch, dtype=torch.int32, device="cuda")
+    return lens, table, caches, seq_lens, rows
+
+
+def time_splits(q: torch.Tensor, caches: Caches,
+                table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, splits: int,
+                iters: int) -> tuple[float, torch.Tensor]:
+    """(µs a layer call, layer 0's output) with `splits` splits."""
+    batch, hq, _ = q.shape
+    ws = (torch.empty(batch, hq, splits, D, device="cuda"),
+          torch.empty(batch, hq, splits, device="cuda"))
+    outs = [torch.empty_like(q) for _ in caches]
+
+    def layer(i: int) -> None:
+        paged_decode(q, caches[i][0], caches[i][1], table, rows, seq_lens, D**-0.5, splits,
+                     out=outs[i], workspace=ws)
+
+    us = graph_us(layer, iters, layers=len(caches))
+    layer(0)
+    return us, outs[0].clone()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, nargs="+", default=[256, 128, 64])
+    p.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--kv", nargs="+", default=["bf16", "fp8_e4m3"])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--iters", type=int, default=50)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("decode_splits: needs a CUDA device", file=sys.stderr)
+        return 2
+    dtypes = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+    worst = 0.0
+    for model in args.models:
+        hq, hk = MODELS[model]
+        for kv in args.kv:
+            for batch in args.batch:
+                lens, table, caches, seq_lens, rows = make_case(batch, hk, dtypes[kv],
+                                                                args.layers, seed=batch)
+                q = torch.randn(batch, hq, D, device="cuda", dtype=torch.bfloat16)
+                kv_bytes = 2 * sum(lens) * hk * D * caches[0][0].element_size()
+                ref = None
+                for splits in args.splits:
+                    us, out = time_splits(q, caches, table, rows, seq_lens, splits, args.iters)
+                    ref = out if ref is None else ref
+                    diff = (out.float() - ref.float()).abs().max().item()
+                    worst = max(worst, diff)
+                    print(json.dumps({
+                        "bench": "decode_splits", "model": model, "kv": kv, "batch": batch,
+                        "splits": splits, "default": choose_num_splits(batch, hk, MAX_MODEL_LEN),
+                        "us": round(us, 1), "tb_s": round(kv_bytes / us / 1e6, 2),
+                        "max_diff_vs_1": round(diff, 5)}), flush=True)
+    return 1 if worst > 2e-2 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
