@@ -22,7 +22,7 @@ from typing import Any
 RULES: tuple[tuple[str, str], ...] = (
     ("all_reduce", r"all_?reduce|allreduce|nccl|cross_device|one_shot|two_shot"),
     ("moe", r"moe|gate_up_kernel|down_kernel|align_single|count_kernel|place_kernel|"
-            r"plan_kernel|topk_softmax|expert"),
+            r"plan_kernel|topk_softmax|expert|route_topk|sum_over_k"),
     ("prologue", r"rope|rotary|reshape_and_cache|store_kv|qk_norm|concat_and_cache"),
     ("attention", r"attn|attention|flash|fmha|decode_split|decode_merge|merge_(attn_)?states|"
                   r"extend_kernel|paged|batchprefill|batchdecode"),

@@ -64,6 +64,8 @@ def main() -> int:
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--quantization", default="none", choices=["none", "fp8"])
     p.add_argument("--disable-overlap", action="store_true")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="TP>1: rank 0's kernels (this process); the other ranks mirror them")
     p.add_argument("--trace", default=None)
     p.add_argument("--json", default=None)
     add_workload_args(p)
@@ -76,7 +78,8 @@ def main() -> int:
     llm = LLM(args.model, load_format="dummy", attention_backend=args.attention_backend,
               disable_overlap=args.disable_overlap, cache="radix" if offline else "naive",
               max_running_requests=256 if offline else args.batch,
-              kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization)
+              kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
+              tp_size=args.tp_size)
     (warm, warm_lens), (prompts, lens) = requests(args, llm.engine.info().vocab_size)
 
     def params(max_tokens: list[int]) -> list[SamplingParams]:
@@ -88,7 +91,8 @@ def main() -> int:
                            trace=args.trace)
     fields = report(kernel_times(events), wall, args.rows)
     record = record_of(args, "minisgl", {
-        "backend": args.attention_backend, "overlap": not args.disable_overlap,
+        "tp": args.tp_size, "backend": args.attention_backend,
+        "overlap": not args.disable_overlap,
         "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
         "output_tok_s": round(sum(lens) / wall, 1), **fields})
     print(json.dumps(record))

@@ -20,6 +20,9 @@ from bench.profile.kernels import KINDS, by_kind, kind_of, report
     ("_gemv_kernel", "gemm"),
     ("_gumbel_argmax_kernel", "sampling"),
     ("gate_up_kernel", "moe"),
+    ("_route_topk_kernel", "moe"),  # the router, not sampling's top-k
+    ("_sum_over_k_kernel", "moe"),
+    ("void vllm::moe::topk_softmax<...>", "moe"),
     ("_quant_rows_kernel", "quantize"),
     # FlashInfer, cuBLAS, NCCL
     ("void flashinfer::BatchPrefillWithPagedKVCacheKernel<...>", "attention"),
