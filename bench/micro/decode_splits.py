@@ -1,7 +1,7 @@
 """GPU microbenchmark of the split-K decode kernel by split count: where one split (the kernel
 writes the output itself, no merge) beats split-K plus the merge.
 
-    source bench/gpu_env.sh && python -m bench.micro.decode_splits [--batch 256 128 64]
+    source bench/gpu_env.sh && python -m bench.micro.decode_splits [--batch 256 128 64 16]
 
 Per case (model heads x batch x KV dtype x splits) it times `paged_decode` as a CUDA graph of
 --layers calls (each layer its own KV pool, so the reads come from HBM, not L2) and reports the
@@ -71,8 +71,8 @@ def time_splits(q: torch.Tensor, caches: Caches,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, nargs="+", default=[256, 128, 64])
-    p.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--batch", type=int, nargs="+", default=[256, 128, 64, 16])
+    p.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--kv", nargs="+", default=["bf16", "fp8_e4m3"])
     p.add_argument("--layers", type=int, default=4)
