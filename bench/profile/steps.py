@@ -35,8 +35,10 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=25)
 
 
-def requests(args: argparse.Namespace, vocab_size: int
-             ) -> tuple[tuple[list[list[int]], list[int]] | None, tuple[list[list[int]], list[int]]]:
+Requests = tuple[list[list[int]], list[int]]  # (prompts, max_tokens)
+
+
+def requests(args: argparse.Namespace, vocab_size: int) -> tuple[Requests, Requests]:
     """(warm-up, timed) as (prompts, max_tokens): steady batches or bench.offline's workload."""
     if args.workload == "offline":
         from bench.offline import warm_up_requests, workload

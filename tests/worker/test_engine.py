@@ -136,9 +136,10 @@ def test_info(engine: Engine) -> None:
 
 def test_prefill_warm_up_leaves_the_engine_as_it_was(engine: Engine,
                                                      reference: list[list[int]]) -> None:
-    """The start-up warm-up (run on CUDA, so FlashInfer's prefill kernels compile before the
-    first request) writes page 0 through slot 0 and then hands both back untouched: slot 0 holds
-    no pages and no token future, and requests give the same tokens after it."""
+    """The start-up warm-up (run on every device; on CUDA it makes FlashInfer's prefill kernels
+    compile before the first request) writes page 0 through slot 0 and then hands both back
+    untouched: slot 0 holds no pages and no token future, and requests give the same tokens
+    after it."""
     assert engine.warm_up_prefill() >= 0
     assert engine.builder.pages_len[0] == 0 and not engine.builder.has_future[0]
     decode = DecodeEntries()

@@ -2,8 +2,8 @@
 
 Both replaced chains of torch ops that cost more than their bytes (Qwen3-30B-A3B offline on one
 H200, torch profiler: softmax, topk's gather and sort, the renormalising sum and division and
-the casts took ~0.9 s of a 24 s run, ~18 us a layer a step; the bf16 sum over k 7.7 us a call
-for 8 MB).
+the casts took ~1.1 s of a 24 s run, ~22 us a layer a step; the bf16 sum over k 7.7 us a call
+for 8 MB; docs/benchmarks/log/2026-11-26-moe.md).
 
 route_topk: one program per block of tokens loads its router logits once, takes the softmax in
 fp32 (as HF does), picks the k largest probabilities by k rounds of argmax (ties to the lower
