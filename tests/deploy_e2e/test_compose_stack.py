@@ -181,8 +181,10 @@ def test_models_through_envoy(stack: Stack) -> None:
     assert [m["id"] for m in reply.json()["data"]] == ["tiny"]
 
 
+# The tests that expect text ask for ignore_eos: the tiny model samples its end-of-sequence token
+# first now and then, and a reply of no text is then right (one CI run in several saw it).
 def test_streamed_chat_through_envoy(stack: Stack) -> None:
-    out = stream_chat(stack, max_tokens=24)
+    out = stream_chat(stack, max_tokens=24, ignore_eos=True)
     assert out.done and out.error is None, out
     assert out.chunks >= 2 and out.text
 
@@ -191,18 +193,21 @@ def test_openai_client_through_envoy(stack: Stack) -> None:
     from openai import OpenAI
 
     client = OpenAI(base_url=f"http://{stack.edge}/v1", api_key="unused", timeout=60)
-    reply = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=16)
+    no_eos = {"ignore_eos": True}
+    reply = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=16,
+                                           extra_body=no_eos)
     assert reply.choices[0].message.content
     assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 16
     pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model="tiny", messages=CHAT, max_tokens=16, stream=True) if c.choices]
+        model="tiny", messages=CHAT, max_tokens=16, stream=True, extra_body=no_eos)
+        if c.choices]
     assert "".join(pieces)
     completion = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=8)
     assert completion.choices[0].finish_reason in ("stop", "length")
 
 
 def test_grpc_stream_through_envoy(stack: Stack) -> None:
-    out = grpc_chat_stream(stack, max_tokens=16)
+    out = grpc_chat_stream(stack, max_tokens=16, ignore_eos=True)
     assert out.done and out.error is None, out
     assert out.chunks >= 2 and out.text
     with grpc.insecure_channel(stack.edge) as channel:
