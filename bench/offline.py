@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -72,6 +73,8 @@ def main() -> int:
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--disable-custom-all-reduce", action="store_true",
                    help="TP: every all-reduce through NCCL (the before of an A/B)")
+    p.add_argument("--custom-all-reduce-max-mb", type=int, default=None,
+                   help="TP: largest message (MiB) for the custom all-reduce (default: engine's)")
     p.add_argument("--disable-sharded-sampling", action="store_true",
                    help="TP: gather the full logits for every draw (the before of an A/B)")
     p.add_argument("--num-seqs", type=int, default=256)
@@ -120,6 +123,8 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         kwargs["disable_custom_all_reduce"] = True
     if args.disable_sharded_sampling:
         kwargs["disable_sharded_sampling"] = True
+    if args.custom_all_reduce_max_mb:
+        kwargs["custom_all_reduce_max_mb"] = args.custom_all_reduce_max_mb
     llm = LLM(args.model, **kwargs)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
               for n in out_lens]
@@ -144,6 +149,8 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
         "cuda_graph": not args.disable_cuda_graph,
         "custom_all_reduce": args.tp_size > 1 and not args.disable_custom_all_reduce,
+        "all_reduce_protocol": os.environ.get("MINISGL_ALL_REDUCE_PROTOCOL", "lamport"),
+        "custom_all_reduce_max_mb": args.custom_all_reduce_max_mb or 8,
         "sharded_sampling": args.tp_size > 1 and not args.disable_sharded_sampling,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "input_tokens": sum(map(len, prompts)), "output_tokens": produced,

@@ -1,12 +1,13 @@
 """All-reduce latency on this host's GPUs: NCCL against the one-shot CUDA IPC kernel
-(kernels/all_reduce.py), per message size, each op timed inside a CUDA graph of `--ops` back-to-back
-all-reduces (how a decode step issues them). Checks the kernel's sums first (bf16 and fp32,
-odd sizes, eager and graph-replayed, sizes alternating so programs' epochs drift apart).
+(kernels/all_reduce.py, both its protocols), per message size, each op timed inside a CUDA graph
+of `--ops` back-to-back all-reduces (how a decode step issues them). Checks the kernel's sums
+first (bf16 and fp32, odd sizes alternating call to call, eager and graph-replayed).
 
     python -m bench.micro.all_reduce --world 2 [--json FILE]
 
 One JSON line per size: {"bytes", "nccl_us", "custom_us", "speedup", "ar_then_norm_us",
-"fused_norm_us"}; exits 1 if a check fails.
+"fused_norm_us"} for the default (Lamport) protocol, and "barrier_us" / "barrier_fused_norm_us"
+for the flag-barrier one; exits 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import torch.multiprocessing as mp
 from bench.common import jsonl
 from bench.common.gpu_timing import graph_us
 
-SIZES = [8 << 10, 32 << 10, 128 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20]
+SIZES = [8 << 10, 32 << 10, 128 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20,
+         32 << 20, 64 << 20]
 
 
 def _check(ar: Any, rank: int, world: int, device: torch.device) -> list[str]:
@@ -127,23 +129,35 @@ def _rank_main(rank: int, world: int, port: int, ops: int, out: Any) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, device_id=device)
     cpu = dist.new_group(backend="gloo")
-    ar = OneShotAllReduce.create(rank, world, cpu, device, max_bytes=max(SIZES))
+    ars = {p: OneShotAllReduce.create(rank, world, cpu, device, max_bytes=max(SIZES), protocol=p)
+           for p in ("lamport", "barrier")}
+    ar = ars["lamport"]
     if ar is None:
         out.put((rank, {"error": "no peer access between the GPUs"}))
         return
     print(f"rank {rank}: peer buffers mapped", flush=True)
-    bad = _check(ar, rank, world, device)
+    bad = []
+    for proto, each in ars.items():
+        bad += [f"{proto}: {b}" for b in _check(each, rank, world, device)]
     print(f"rank {rank}: checks done ({len(bad)} failed)", flush=True)
     rows = []
     for nbytes in SIZES:
         x = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
         row: dict[str, Any] = {"bytes": nbytes,
                                "nccl_us": round(_time(lambda t: dist.all_reduce(t), x, ops), 2)}
-        if ar.supports(x):
-            row["custom_us"] = round(_time(ar, x, ops), 2)
-            row["speedup"] = round(row["nccl_us"] / row["custom_us"], 2)
+        for proto, each in ars.items():
+            if each is None or not each.supports(x):
+                continue
+            key = "custom" if proto == "lamport" else proto
+            row[f"{key}_us"] = round(_time(each, x, ops), 2)
             if x.numel() % 4096 == 0:
-                row.update(_time_norms(ar, x.view(-1, 4096), ops, device))
+                norms = _time_norms(each, x.view(-1, 4096), ops, device)
+                if proto == "lamport":
+                    row.update(norms)
+                else:
+                    row["barrier_fused_norm_us"] = norms["fused_norm_us"]
+        if "custom_us" in row:
+            row["speedup"] = round(row["nccl_us"] / row["custom_us"], 2)
         rows.append(row)
     out.put((rank, {"bad": bad, "rows": rows, "device": torch.cuda.get_device_name(device)}))
     dist.barrier()

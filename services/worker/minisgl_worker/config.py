@@ -73,7 +73,10 @@ class EngineConfig:
     disable_cuda_graph: bool = field(default=False, metadata=_help("run decode eagerly"))
     disable_custom_all_reduce: bool = field(default=False, metadata=_help(
         "TP: every all-reduce through NCCL, not the one-shot CUDA IPC kernel used for messages "
-        "up to 8 MiB (512 KiB past 2 GPUs) when all GPUs have peer access"))
+        "up to --custom-all-reduce-max-mb (512 KiB past 2 GPUs) when all GPUs have peer access"))
+    custom_all_reduce_max_mb: int = field(default=8, metadata=_help(
+        "TP: the largest message (MiB) the custom all-reduce takes; larger ones (prefill "
+        "chunks) go through NCCL. Each GPU holds 2 x tp_size x this in IPC buffers"))
     disable_sharded_sampling: bool = field(default=False, metadata=_help(
         "TP: gather the full vocabulary's logits on every rank for every draw, instead of "
         "drawing greedy and temperature-only batches from each rank's shard and exchanging one "

@@ -35,12 +35,12 @@ def peer_access_ok(world: int) -> bool:
 
 
 def exchange(nbytes: int, rank: int, world: int, cpu_group: Any,
-             device: torch.device) -> PeerBuffers:
-    """Allocate `nbytes` zeroed on this rank and map every other rank's buffer. Collective: every
-    rank of `cpu_group` calls it with the same `nbytes`."""
-    # A segment of its own (not a slice of a cached block another tensor shares), zeroed and
+             device: torch.device, fill: int = 0) -> PeerBuffers:
+    """Allocate `nbytes` on this rank, every byte `fill`, and map every other rank's buffer.
+    Collective: every rank of `cpu_group` calls it with the same `nbytes`."""
+    # A segment of its own (not a slice of a cached block another tensor shares), filled and
     # finished before any peer can write into it.
-    local = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    local = torch.full((nbytes,), fill, dtype=torch.uint8, device=device)
     torch.cuda.synchronize(device)
     handles: list[Any] = [None] * world
     dist.all_gather_object(handles, reduce_tensor(local), group=cpu_group)

@@ -109,7 +109,8 @@ class ModelRunner:
 
             # Before the KV cache is sized: its buffers (a few MiB) come out of the budget.
             dist.use_fast_all_reduce(OneShotAllReduce.create(
-                config.tp_rank, tp, dist.tp().cpu_group, device))
+                config.tp_rank, tp, dist.tp().cpu_group, device,
+                max_bytes=config.custom_all_reduce_max_mb << 20))
         heads, kv_heads = dist.shard(mc.num_heads, "heads"), dist.shard(mc.num_kv_heads, "kv heads")
         self.num_pages = self._size_kv(kv_heads)
         self.max_pages_per_seq = -(-self.max_model_len // self.page_size)
