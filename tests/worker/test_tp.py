@@ -155,3 +155,9 @@ def test_a_follower_rank_never_loads_the_engine() -> None:
             "assert 'minisgl_worker.engine.engine' not in sys.modules, 'the engine was loaded'\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("mb", [0, -1, 1025])
+def test_custom_all_reduce_cap_out_of_range_is_refused(mb: int) -> None:
+    with pytest.raises(ValueError, match="custom_all_reduce_max_mb must be in"):
+        EngineConfig(model_path="unused", custom_all_reduce_max_mb=mb)

@@ -110,6 +110,8 @@ class EngineConfig:
             raise ValueError("num_pages must be >= 1")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError("mem_fraction must be in (0, 1]")
+        if not 1 <= self.custom_all_reduce_max_mb <= 1024:
+            raise ValueError("custom_all_reduce_max_mb must be in [1, 1024] (MiB)")
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank={self.tp_rank} must be in [0, tp_size={self.tp_size})")
 
