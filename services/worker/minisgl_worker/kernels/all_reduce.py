@@ -228,6 +228,31 @@ def _lamport_take(src, m, BLOCK: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
+def _lamport_push(v, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, offs, m, base, slot,
+                  RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Store this rank's (sanitized) elements at `offs` into its slot of every other rank."""
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            dst = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
+            tl.store(dst + RANK * slot + offs, v, mask=m)
+
+
+@triton.jit
+def _lamport_sum(x_ptr, buf_ptr, offs, m, base, slot, RANK: tl.constexpr, WORLD: tl.constexpr,
+                 BLOCK: tl.constexpr, BITS: tl.constexpr):
+    """fp32 sum over the ranks of the elements at `offs`, in rank order (every rank gets the
+    same bits): this rank's own input, the others' as they arrive in this rank's buffer."""
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for r in tl.static_range(WORLD):
+        if r == RANK:
+            own = tl.load(x_ptr + offs, mask=m, other=0.0)
+            acc += _lamport_sanitize(own, BITS).to(tl.float32)
+        else:
+            acc += _lamport_take(buf_ptr + base + r * slot + offs, m, BLOCK, BITS).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _lamport_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, counter_ptr, n, slot,
                         RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                         BITS: tl.constexpr):
@@ -240,21 +265,11 @@ def _lamport_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, counter_
         offs = tl.multiple_of(start, BLOCK) + cols
         m = offs < n
         v = _lamport_sanitize(tl.load(x_ptr + offs, mask=m), BITS)
-        for r in tl.static_range(WORLD):
-            if r != RANK:
-                dst = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
-                tl.store(dst + RANK * slot + offs, v, mask=m)
+        _lamport_push(v, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, offs, m, base, slot, RANK, WORLD)
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         offs = tl.multiple_of(start, BLOCK) + cols
         m = offs < n
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for r in tl.static_range(WORLD):
-            if r == RANK:
-                acc += _lamport_sanitize(tl.load(x_ptr + offs, mask=m, other=0.0), BITS).to(
-                    tl.float32)
-            else:
-                acc += _lamport_take(buf_ptr + base + r * slot + offs, m, BLOCK,
-                                     BITS).to(tl.float32)
+        acc = _lamport_sum(x_ptr, buf_ptr, offs, m, base, slot, RANK, WORLD, BLOCK, BITS)
         tl.store(x_ptr + offs, acc.to(x_ptr.dtype.element_ty), mask=m)
     tl.store(counter_ptr + pid, epoch)
 
@@ -272,20 +287,11 @@ def _lamport_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1,
     m = cols < D
     for row in range(pid, rows, nprog):
         v = _lamport_sanitize(tl.load(x_ptr + row * D + cols, mask=m), BITS)
-        for r in tl.static_range(WORLD):
-            if r != RANK:
-                dst = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
-                tl.store(dst + RANK * slot + row * D + cols, v, mask=m)
+        _lamport_push(v, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, row * D + cols, m, base, slot,
+                      RANK, WORLD)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
     for row in range(pid, rows, nprog):
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for r in tl.static_range(WORLD):
-            if r == RANK:
-                own = tl.load(x_ptr + row * D + cols, mask=m, other=0.0)
-                acc += _lamport_sanitize(own, BITS).to(tl.float32)
-            else:
-                acc += _lamport_take(buf_ptr + base + r * slot + row * D + cols, m, BLOCK,
-                                     BITS).to(tl.float32)
+        acc = _lamport_sum(x_ptr, buf_ptr, row * D + cols, m, base, slot, RANK, WORLD, BLOCK, BITS)
         h = acc.to(x_ptr.dtype.element_ty) + tl.load(res_ptr + row * D + cols, mask=m, other=0.0)
         tl.store(res_ptr + row * D + cols, h, mask=m)
         hf = h.to(tl.float32)
