@@ -25,7 +25,8 @@ store of `epoch` into each peer's flag slot [program, my rank]; then acquire-spi
 slots [program, peer] until >= epoch. Two halves are enough: a rank writes the half of epoch e+2
 only after passing barrier e+1, which its peers enter only after they finished reading epoch e.
 All programs must be resident at once (a spinning program waits for another GPU, never for a
-program of its own grid that is not scheduled): the grid is at most the SM count.
+program of its own grid that is not scheduled): the grid is at most the SM count. The Lamport
+kernels are launched with programmatic dependent launch (kernels/pdl.py) where it is on.
 No NVLink multicast, no NVSHMEM: plain peer loads and stores.
 """
 
@@ -40,6 +41,8 @@ import triton
 import triton.language as tl
 
 from ..distributed.peer_buffers import PeerBuffers, exchange, peer_access_ok
+from .pdl import begin as _pdl_begin
+from .pdl import options as _pdl_options
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +258,9 @@ def _lamport_sum(x_ptr, buf_ptr, offs, m, base, slot, RANK: tl.constexpr, WORLD:
 @triton.jit
 def _lamport_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, counter_ptr, n, slot,
                         RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                        BITS: tl.constexpr):
+                        BITS: tl.constexpr, USE_PDL: tl.constexpr = False):
+    # PDL: every program is resident when it releases the next kernel, so none waits on that one.
+    _pdl_begin(USE_PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tl.load(counter_ptr + pid) + 1
@@ -277,8 +282,10 @@ def _lamport_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, counter_
 @triton.jit
 def _lamport_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1, d2, d3, d4, d5,
                                 d6, d7, counter_ptr, rows, D, slot, eps, RANK: tl.constexpr,
-                                WORLD: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr):
+                                WORLD: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
+                                USE_PDL: tl.constexpr = False):
     """_one_shot_all_reduce_rmsnorm's arithmetic over the Lamport protocol."""
+    _pdl_begin(USE_PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tl.load(counter_ptr + pid) + 1
@@ -298,6 +305,12 @@ def _lamport_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1,
         inv = tl.rsqrt(tl.sum(hf * hf, axis=0) / D + eps)
         tl.store(out_ptr + row * D + cols, (hf * inv * w).to(x_ptr.dtype.element_ty), mask=m)
     tl.store(counter_ptr + pid, epoch)
+
+
+def _pdl_one_row(x: torch.Tensor) -> dict[str, bool]:
+    """PDL for one-row steps, whose next kernel is the one-row GEMV: it streams its weights while
+    this one waits for the peers. More rows are followed by cuBLAS, launched without PDL."""
+    return _pdl_options(x) if x.dim() == 2 and x.shape[0] == 1 else {"USE_PDL": False}
 
 
 class OneShotAllReduce:
@@ -356,7 +369,7 @@ class OneShotAllReduce:
         if self.flags is None:
             _lamport_all_reduce[grid](x, buf, *deltas, self.counter, n, slot, RANK=self.rank,
                                       WORLD=self.world, BLOCK=BLOCK, BITS=x.element_size() * 8,
-                                      num_warps=4)
+                                      num_warps=4, **_pdl_one_row(x))
             return x
         _one_shot_all_reduce[grid](x, buf, *deltas, self.flags.ptrs, self.counter, n, slot,
                                    self.rank, WORLD=self.world, BLOCK=BLOCK, num_warps=4)
@@ -379,7 +392,7 @@ class OneShotAllReduce:
             _lamport_all_reduce_rmsnorm[grid](
                 x, residual, weight, out, buf, *deltas, self.counter, rows, d, slot, eps,
                 RANK=self.rank, WORLD=self.world, BLOCK=block, BITS=x.element_size() * 8,
-                num_warps=warps)
+                num_warps=warps, **_pdl_one_row(x))
             return out
         _one_shot_all_reduce_rmsnorm[grid](
             x, residual, weight, out, buf, *deltas, self.flags.ptrs, self.counter, rows, d,
