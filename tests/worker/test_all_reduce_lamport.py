@@ -1,4 +1,4 @@
-"""The Lamport all-reduce kernels (kernels/all_reduce.py) under the Triton interpreter (CPU).
+"""The Lamport all-reduce kernels (kernels/all_reduce_kernels.py) under the Triton interpreter (CPU).
 
 Two ranks' IPC buffers are emulated as two halves of one tensor, and the ranks run one after the
 other: rank 1's stores into rank 0's buffer are placed first (what rank 1's kernel does before it
@@ -18,10 +18,10 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from minisgl_worker.kernels import all_reduce  # noqa: E402
+from minisgl_worker.kernels import all_reduce, all_reduce_kernels  # noqa: E402
 
-if type(all_reduce._lamport_all_reduce).__name__ != "InterpretedFunction":
-    importlib.reload(all_reduce)  # imported earlier in this process without the interpreter
+if type(all_reduce_kernels.lamport_all_reduce).__name__ != "InterpretedFunction":
+    importlib.reload(all_reduce_kernels)  # imported earlier in this process without the interpreter
 
 WORLD = 2
 SLOT_BYTES = 8192  # max_bytes: one rank's slot
@@ -60,7 +60,7 @@ def _sanitized(x: torch.Tensor) -> torch.Tensor:
 
 def _flat(ranks: TwoRanks, rank: int, x: torch.Tensor, block: int) -> None:
     n = x.numel()
-    all_reduce._lamport_all_reduce[(all_reduce.MAX_PROGRAMS,)](
+    all_reduce_kernels.lamport_all_reduce[(all_reduce.MAX_PROGRAMS,)](
         x, ranks.buf(rank, x.dtype), *ranks.deltas(rank, x.dtype), ranks.counters[rank], n,
         SLOT_BYTES // x.element_size(), RANK=rank, WORLD=WORLD, BLOCK=block,
         BITS=x.element_size() * 8)
@@ -110,7 +110,7 @@ def test_lamport_add_rmsnorm_matches_reference(rows: int, d: int) -> None:
     outs, residuals = [], []
     for rank in range(WORLD):
         r, out = res.clone(), torch.empty_like(res)
-        all_reduce._lamport_all_reduce_rmsnorm[(all_reduce.MAX_PROGRAMS,)](
+        all_reduce_kernels.lamport_all_reduce_rmsnorm[(all_reduce.MAX_PROGRAMS,)](
             x[rank], r, w, out, ranks.buf(rank, dtype), *ranks.deltas(rank, dtype),
             ranks.counters[rank], rows, d, SLOT_BYTES // 2, eps, RANK=rank, WORLD=WORLD,
             BLOCK=triton_block(d), BITS=16)

@@ -1,7 +1,8 @@
 """Every Triton kernel of the worker and its launcher: paged attention (decode with split-K,
 prefill/extend), the KV store, the fused sampling draw, the fused elementwise ops and GEMV
 (fused_ops.py launches fused_kernels.py), the fp8 GEMM, the MoE grouped GEMMs (fused_moe.py
-launches fused_moe_kernels.py), and programmatic dependent launch (pdl.py).
+launches fused_moe_kernels.py), the TP all-reduce over CUDA IPC buffers (all_reduce.py launches
+all_reduce_kernels.py), and programmatic dependent launch (pdl.py).
 
 This package and the launchers fused_ops.py and fused_moe.py never import triton; every other
 module here does, so callers import them lazily: only CUDA paths, or CPU tensors under
