@@ -1,0 +1,171 @@
+"""Compiles the worker's Triton kernels for an H100 (sm_90) on a machine without a GPU.
+
+The CPU tests run these kernels in Triton's interpreter, which skips what only a GPU build has:
+programmatic dependent launch (griddepcontrol), inline PTX (%globaltimer, trap), system-scope
+atomics, volatile loads, fp8 tensor-core products, wgmma pipelines. Here Triton lowers each kernel
+to PTX and ptxas (shipped in the triton wheel) assembles it for sm_90, as on the GPU machine, with
+the variants the worker launches there (PDL on). Run as a script, without TRITON_INTERPRET:
+`python tests/worker/sm90_compile.py` prints one line a case and exits non-zero if one fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+os.environ.pop("TRITON_INTERPRET", None)  # before the kernels are decorated
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+
+@dataclass
+class Case:
+    module: str  # under minisgl_worker.kernels
+    kernel: str
+    constexprs: dict[str, Any]
+    ptrs: dict[str, str] = field(default_factory=dict)  # pointer arguments not *bf16
+    scalars: dict[str, str] = field(default_factory=dict)  # scalar arguments not i32
+    options: dict[str, Any] = field(default_factory=lambda: {"num_warps": 4})
+
+    @property
+    def name(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in self.constexprs.items() if k != "USE_PDL")
+        return f"{self.module}.{self.kernel}({shown})"
+
+
+_DELTAS = {f"d{i}": "i64" for i in range(8)}
+_PDL = {"USE_PDL": True}
+_DECODE = dict(PAGE_SIZE=64, GROUP=4, HEAD_DIM=128, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
+               PRECISION="tf32", **_PDL)
+_DECODE_PTRS = {"page_table_ptr": "*i32", "rows_ptr": "*i32", "seq_lens_ptr": "*i32",
+                "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+_FP8 = "*fp8e4nv"
+
+CASES = [
+    Case("all_reduce_kernels", "barrier_all_reduce", {"WORLD": 2, "BLOCK": 1024},
+         {"flag_ptrs": "*i64", "counter_ptr": "*i32"}, _DELTAS),
+    Case("all_reduce_kernels", "barrier_all_reduce_rmsnorm", {"WORLD": 8, "BLOCK": 4096},
+         {"flag_ptrs": "*i64", "counter_ptr": "*i32"}, {**_DELTAS, "eps": "fp32"},
+         {"num_warps": 8}),
+    Case("all_reduce_kernels", "lamport_all_reduce",
+         {"RANK": 0, "WORLD": 2, "BLOCK": 1024, "BITS": 16, **_PDL},
+         {"counter_ptr": "*i32"}, _DELTAS),
+    Case("all_reduce_kernels", "lamport_all_reduce",
+         {"RANK": 3, "WORLD": 4, "BLOCK": 1024, "BITS": 32, **_PDL},
+         {"x_ptr": "*fp32", "buf_ptr": "*fp32", "counter_ptr": "*i32"}, _DELTAS),
+    Case("all_reduce_kernels", "lamport_all_reduce_rmsnorm",
+         {"RANK": 1, "WORLD": 2, "BLOCK": 4096, "BITS": 16, **_PDL},
+         {"counter_ptr": "*i32"}, {**_DELTAS, "eps": "fp32"}, {"num_warps": 8}),
+    Case("paged_decode", "_decode_split_kernel", {**_DECODE, "MMA_FP16": False, "DIRECT": False},
+         _DECODE_PTRS, {"qk_scale": "fp32"}, {"num_warps": 4, "num_stages": 3}),
+    Case("paged_decode", "_decode_split_kernel", {**_DECODE, "MMA_FP16": True, "DIRECT": True},
+         {**_DECODE_PTRS, "k_ptr": _FP8, "v_ptr": _FP8}, {"qk_scale": "fp32"},
+         {"num_warps": 4, "num_stages": 3}),
+    Case("paged_decode", "_decode_merge_kernel",
+         {"HEAD_DIM": 128, "BLOCK_S": 32, "BLOCK_D": 128, **_PDL},
+         {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32"}),
+    Case("fused_kernels", "_gemv_kernel",
+         {"HAS_BIAS": False, "HAS_SCALE": False, "SILU_MUL": True, "BLOCK_N": 2,
+          "BLOCK_K": 1024, **_PDL}, {"s_ptr": "*fp32"}),
+    Case("fused_kernels", "_gemv_kernel",
+         {"HAS_BIAS": True, "HAS_SCALE": True, "SILU_MUL": False, "BLOCK_N": 2,
+          "BLOCK_K": 1024, **_PDL}, {"w_ptr": _FP8, "s_ptr": "*fp32"}),
+    Case("fused_kernels", "_rmsnorm_kernel",
+         {"HAS_RES": True, "BLOCK": 4096, "QUANT": True, "QMAX": 448.0, **_PDL},
+         {"out_ptr": _FP8, "scale_ptr": "*fp32"}, {"eps": "fp32"}, {"num_warps": 8}),
+    Case("fused_kernels", "_silu_mul_kernel", {"BLOCK": 1024, **_PDL}),
+    Case("fused_kernels", "_qk_norm_rope_store_kernel",
+         {"HQ": 32, "HK": 8, "HALF": 64, "PAGE_SIZE": 64, "HAS_NORM": True, "TOKENS": 1,
+          "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": 128, "BLOCK_HALF": 64, "CACHE_MAX": 0.0,
+          **_PDL},
+         {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "loc_ptr": "*i64"},
+         {"eps": "fp32"}),
+    Case("fused_kernels", "_quant_rows_kernel",
+         {"QMAX": 448.0, "SILU_MUL": False, "BLOCK": 4096, "ONE_PASS": True, **_PDL},
+         {"q_ptr": _FP8, "s_ptr": "*fp32"}),
+    Case("paged_extend", "_extend_kernel",
+         {"PAGE_SIZE": 64, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_M": 64, "BLOCK_N": 32,
+          "BLOCK_D": 128, "PRECISION": "tf32"},
+         {"page_table_ptr": "*i32", "rows_ptr": "*i32", "cu_q_ptr": "*i32",
+          "prefix_ptr": "*i32"}, {"qk_scale": "fp32"}),
+    Case("store_kv", "_store_kv_kernel",
+         {"PAGE_SIZE": 64, "NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128,
+          "CACHE_MAX": 448.0}, {"k_cache_ptr": _FP8, "v_cache_ptr": _FP8, "loc_ptr": "*i64"}),
+    Case("sampling", "_gumbel_argmax_kernel", {"HAS_TEMP": True, "TOK_TABLE": True,
+                                               "BLOCK": 4096},
+         {"seeds_ptr": "*i64", "positions_ptr": "*i64", "temps_ptr": "*fp32",
+          "tok_hash_ptr": "*i32", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32"}),
+    Case("moe_ops", "_route_topk_kernel",
+         {"TOP_K": 8, "NORM": True, "BLOCK_T": 16, "BLOCK_E": 128, "BLOCK_K": 8},
+         {"ids_ptr": "*i64"}),
+    *(Case("fused_moe_kernels", "gate_up_kernel",
+           {"TOPK": 8, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 4,
+            "EVEN_K": True, "PRECISION": "tf32", "FP8": fp8},
+           {"x_ptr": _FP8 if fp8 else "*bf16", "w_ptr": _FP8 if fp8 else "*bf16",
+            "x_scale_ptr": "*fp32", "scale_ptr": "*fp32", "sorted_ptr": "*i32",
+            "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}, {},
+           {"num_warps": 4, "num_stages": 4}) for fp8 in (False, True)),
+    Case("fused_moe_kernels", "down_kernel",
+         {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "EVEN_K": True,
+          "PRECISION": "tf32", "FP8": False},
+         {"a_scale_ptr": "*fp32", "scale_ptr": "*fp32", "weights_ptr": "*fp32",
+          "sorted_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}, {},
+         {"num_warps": 4, "num_stages": 3}),
+    Case("fp8_gemm", "_fp8_gemm_kernel",
+         {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "ACC_MODE": 1, **_PDL},
+         {"a_ptr": _FP8, "b_ptr": _FP8, "sa_ptr": "*fp32", "sb_ptr": "*fp32"}, {},
+         {"num_warps": 4, "num_stages": 4}),
+]
+
+
+def compile_case(case: Case) -> int:
+    """The size of the sm_90 binary; raises what Triton or ptxas raised."""
+    import importlib
+
+    module = importlib.import_module(f"minisgl_worker.kernels.{case.module}")
+    fn = getattr(module, case.kernel)
+    names = fn.arg_names
+    unknown = set(case.constexprs) | set(case.ptrs) | set(case.scalars)
+    unknown -= set(names)
+    if unknown:
+        raise ValueError(f"{case.kernel} has no arguments {sorted(unknown)}")
+    params = {p.name: p for p in fn.params}
+    signature, constexprs = {}, {}
+    for i, n in enumerate(names):
+        if params[n].is_constexpr:  # given, or its default
+            signature[n] = "constexpr"
+            constexprs[(i,)] = case.constexprs.get(n, params[n].default)
+        elif n in case.constexprs:
+            raise ValueError(f"{case.kernel}: {n} is not a constexpr")
+        elif n.endswith("_ptr") or n.endswith("_ptrs"):
+            signature[n] = case.ptrs.get(n, "*bf16")
+        else:
+            signature[n] = case.scalars.get(n, "i32")
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=case.options)
+    if case.constexprs.get("USE_PDL") and "griddepcontrol.wait" not in out.asm["ptx"]:
+        raise AssertionError(f"{case.kernel}: USE_PDL=True but no griddepcontrol.wait in its PTX")
+    return len(out.asm["cubin"])
+
+
+def main() -> int:
+    failed = 0
+    for case in CASES:
+        try:
+            size = compile_case(case)
+            print(f"ok {case.name}: {size} bytes of sm_90 code")
+        except Exception:  # noqa: BLE001 (every failure is reported, then the exit code)
+            failed += 1
+            print(f"FAILED {case.name}")
+            traceback.print_exc()
+    print(f"{len(CASES)} cases, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
