@@ -2,6 +2,7 @@
 writes the output itself, no merge) beats split-K plus the merge.
 
     source bench/gpu_env.sh && python -m bench.micro.decode_splits [--batch 256 128 64 16]
+    python -m bench.micro.decode_splits --batch 1 4 --models qwen3-8b qwen3-8b-tp2 --kv bf16
 
 Per case (model heads x batch x KV dtype x splits) it times `paged_decode` as a CUDA graph of
 --layers calls (each layer its own KV pool, so the reads come from HBM, not L2) and reports the
@@ -24,7 +25,9 @@ from minisgl_worker.kernels.paged_decode import choose_num_splits, paged_decode
 
 from bench.common.gpu_timing import graph_us
 
-MODELS = {"qwen3-0.6b": (16, 8), "qwen3-8b": (32, 8), "qwen3-30b-a3b": (32, 4)}
+# (query heads, KV heads) a GPU: "-tp2" is one rank's share at --tp-size 2.
+MODELS = {"qwen3-0.6b": (16, 8), "qwen3-8b": (32, 8), "qwen3-8b-tp2": (16, 4),
+          "qwen3-30b-a3b": (32, 4)}
 D, PAGE, MAX_MODEL_LEN = 128, 64, 40960
 
 
@@ -73,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, nargs="+", default=[256, 128, 64, 16])
     p.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
-    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--models", nargs="+", default=["qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b"],
+                   choices=list(MODELS))
     p.add_argument("--kv", nargs="+", default=["bf16", "fp8_e4m3"])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--iters", type=int, default=50)
