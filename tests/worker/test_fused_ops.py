@@ -74,6 +74,20 @@ def test_silu_and_mul(rows: int, inter: int) -> None:
     torch.testing.assert_close(fused_ops.silu_and_mul(x), silu_and_mul(x))
 
 
+@pytest.mark.parametrize("start", [0, 7, 20])  # a first, a middle and a last (short) block
+def test_embedding_shard_rows_and_zeros(start: int) -> None:
+    """A rank's block of vocabulary rows start..start+7: its ids' rows, exact, and zeros for
+    ids below or past the block (another rank's), as the torch masking gives."""
+    w = _randn(7, 48)  # d = 48: masked columns
+    ids = torch.tensor([0, 6, 7, 13, 20, 26, 27, 3, 22], dtype=torch.int64)
+    local = ids - start
+    inside = (local >= 0) & (local < 7)
+    want = torch.where(inside[:, None], w[local.clamp(0, 6)], torch.zeros(()))
+    got = fused_ops.embedding_shard(ids, w, start)
+    assert torch.equal(got, want)
+    assert fused_ops.embedding_shard(ids[:0], w, start).shape == (0, 48)
+
+
 @pytest.mark.parametrize("n, k, config", [
     (40, 256, None),            # the default launch shape: one K step
     (37, 100, None),            # ragged rows and K (masks)

@@ -137,6 +137,51 @@ def test_ties_across_shards_go_to_the_lowest_id(use_triton: bool):
     assert pick_best(torch.zeros(3, 2), torch.tensor([[1, 2], [5, 6], [9, 9]])).tolist() == [1, 2]
 
 
+def test_triton_argmax_is_torch_argmax_with_its_ties():
+    """The greedy kernel (chunk winners, then the first best chunk): torch.argmax's id, ties to
+    the lowest within a chunk and across chunks, on strided bf16 rows, with a global id offset,
+    and its score the logit itself."""
+    gen = torch.Generator().manual_seed(4)
+    wide = (torch.randn(5, 2 * VOCAB, generator=gen) * 3).to(torch.bfloat16)
+    x = wide[:, 100 : 100 + VOCAB]  # strided rows
+    x[1, [7, 2400]] = 50.0  # a tie across chunks
+    x[2, [1025, 1030]] = 50.0  # within one
+    x[3, :] = -math.inf  # nothing drawable: torch says 0
+    for chunks in (None, 1, 3):
+        part_val, part_idx = tsampling.gumbel_partials(x, x, x, chunks, greedy=True,
+                                                       id_offset=9000)
+        val, idx = tsampling.best_of_chunks(part_val, part_idx)
+        want = x.argmax(dim=1)
+        assert (idx[[0, 1, 2, 4]] - 9000).tolist() == want[[0, 1, 2, 4]].tolist()
+        assert idx[1] == 9007 and idx[2] == 10025
+        assert torch.equal(val[[0, 1, 2, 4]], x.float().gather(1, want[:, None])[[0, 1, 2, 4], 0])
+    val, idx = tsampling.argmax_best(x)
+    assert idx[[0, 1, 2, 4]].tolist() == x.argmax(dim=1)[[0, 1, 2, 4]].tolist()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pack_slot_sum_and_pick_is_the_gathered_pick(world: int):
+    """The all-gather by all-reduce of the GPU exchange: each rank's pairs in its slot of a zero
+    buffer, the buffers summed in rank order (as the one-shot all-reduce sums), then the pick
+    over the ranks: the same ids as pick_best over the gathered pairs, ties to the lowest rank,
+    ids up to 2**24 - 1 exact, -inf scores (a rank of padding) never winning."""
+    gen = torch.Generator().manual_seed(world)
+    batch = 300  # more rows than one program's block
+    scores = torch.randn(world, batch, generator=gen).round(decimals=1)  # ties between ranks
+    scores[-1, :5] = -math.inf
+    ids = torch.stack([torch.randint(r * 5_000_000, (r + 1) * 5_000_000, (batch,),
+                                     generator=gen) for r in range(world)])
+    ids[-1, -1] = (1 << 24) - 1
+    bufs = [tsampling.pack_slot(scores[r], ids[r], r, world) for r in range(world)]
+    total = bufs[0]
+    for b in bufs[1:]:
+        total = total + b
+    assert torch.equal(total[:, :, 1].to(torch.int64), ids)
+    got = tsampling.pick_ranks(total)
+    assert got.tolist() == pick_best(scores, ids).tolist()
+    assert (scores.max(dim=0).values == scores[0]).sum() < batch  # teeth: not all rank 0
+
+
 @pytest.mark.parametrize(("vocab", "tp"), [(2501, 2), (2501, 3), (512, 2), (5, 4)])
 def test_shards_match_the_lm_head_layout(vocab: int, tp: int, monkeypatch: pytest.MonkeyPatch):
     """VocabShard.of_rank names the tokens whose rows each rank's LM head loads: column j of

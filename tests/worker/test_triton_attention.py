@@ -120,6 +120,25 @@ def test_decode_zero_length_row_and_workspace():
     assert bool(ws[0].isnan().all()) and bool(ws[1].isnan().all())
 
 
+def test_decode_empty_splits_are_neither_written_nor_read():
+    """A split count sized for long contexts over short rows (a CUDA graph's): the splits past a
+    row's KV store no partials and the merge reads only those that hold tokens, so a workspace
+    full of NaN stays NaN there and the output is still exact."""
+    lens = [5, 40, 16]  # blocks of 16: 1, 3 and 1 of the 8 splits hold tokens
+    pool = Pool(lens, 4, 2, seed=7)
+    q = torch.randn(len(lens), 4, HEAD_DIM, generator=torch.Generator().manual_seed(2))
+    ws = (torch.full((3, 4, 8, HEAD_DIM), float("nan")), torch.full((3, 4, 8), float("nan")))
+    out = paged_decode.paged_decode(q, pool.k, pool.v, pool.table, pool.rows,
+                                    torch.tensor(lens, dtype=torch.int32), 0.3, num_splits=8,
+                                    block_n=16, workspace=ws)
+    expect = torch.stack([reference(q[b : b + 1], *pool.kv_of(b), lens[b] - 1, 0.3)[0]
+                          for b in range(len(lens))])
+    torch.testing.assert_close(out, expect, atol=2e-5, rtol=2e-5)
+    for b, used in enumerate((1, 3, 1)):
+        assert not ws[1][b, :, :used].isnan().any()
+        assert bool(ws[1][b, :, used:].isnan().all()) and bool(ws[0][b, :, used:].isnan().all())
+
+
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(2, 2), (4, 1), (6, 3)])
 def test_extend_matches_reference(page_size: int, num_heads: int, num_kv_heads: int):

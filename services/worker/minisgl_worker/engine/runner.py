@@ -38,7 +38,7 @@ from ..model_config import ModelConfig
 from .batch import DeviceStep, PlanBuilder
 from .grammar import find_tokenizer
 from .sampler import SampleOutput, Sampler
-from .sharded_sampling import VocabShard, exchange_best
+from .sharded_sampling import FLOAT32_EXACT_IDS, VocabShard, exchange_best
 
 if TYPE_CHECKING:
     from .cuda_graph import CudaGraphRunner
@@ -138,7 +138,9 @@ class ModelRunner:
         # At TP > 1 the LM head hands out this rank's shard; greedy and temperature-only
         # batches draw from it without gathering the logits (sharded_sampling.py).
         self.vocab_shard: VocabShard | None = None
-        if tp > 1 and not config.disable_sharded_sampling:
+        # (Ids cross the ranks as float32: a vocabulary past 2**24 gathers the logits instead.)
+        if (tp > 1 and not config.disable_sharded_sampling
+                and mc.vocab_size < FLOAT32_EXACT_IDS):
             self.vocab_shard = VocabShard.of_rank(mc.vocab_size, config.tp_rank, tp)
         self.graph_runner = self._make_graph_runner()
         # On every device, so CPU runs (the TP tests over gloo) take the same path as GPUs.

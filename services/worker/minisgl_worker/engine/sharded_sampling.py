@@ -52,6 +52,10 @@ def shard_best(logits: torch.Tensor, shard: VocabShard, seeds: torch.Tensor,
         return (torch.full((batch,), -math.inf, dtype=torch.float32, device=logits.device),
                 torch.full((batch,), shard.start, dtype=torch.int64, device=logits.device))
     x = logits[:, : shard.size]
+    if temps is None and use_triton:
+        from ..kernels import sampling as kern
+
+        return kern.argmax_best(x, id_offset=shard.start)
     if temps is None:
         idx = x.argmax(dim=1, keepdim=True)
         return x.gather(1, idx).squeeze(1).to(torch.float32), idx.squeeze(1) + shard.start
@@ -78,7 +82,23 @@ def pick_packed(gathered: torch.Tensor) -> torch.Tensor:
     return pick_best(gathered[..., 0], gathered[..., 1].to(torch.int64))
 
 
+# Token ids travel as float32 through the all-reduce: exact below 2**24.
+FLOAT32_EXACT_IDS = 1 << 24
+
+
 def exchange_best(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The `Combine` of a TP group: one all-gather of every rank's [B, 2] pack, then the same
-    pick on every rank (the same gathered bytes, the same deterministic ops)."""
+    """The `Combine` of a TP group: every rank's pairs on every rank, then the same pick on
+    every rank (the same bytes, the same deterministic ops). On GPUs with the one-shot
+    all-reduce (kernels/all_reduce.py) the pairs go as an all-gather by all-reduce: each rank
+    fills its slot of a zeroed [ranks, B, 2] fp32 buffer and the sum is exact (three launches of
+    a few us where NCCL's all-gather alone took ~10 us at batch 1); else one NCCL/gloo
+    all-gather of [B, 2] float64 packs. The caller keeps ids below FLOAT32_EXACT_IDS."""
+    state = dist.tp()
+    fast = state.fast_all_reduce
+    if fast is not None and scores.is_cuda:
+        from ..kernels import sampling as kern
+
+        buf = kern.pack_slot(scores, ids, state.rank, state.size)
+        if fast.supports(buf):
+            return kern.pick_ranks(fast(buf))
     return pick_packed(dist.all_gather_stack(pack(scores, ids)))

@@ -178,6 +178,21 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def embedding_shard(ids: torch.Tensor, weight: torch.Tensor, start: int) -> torch.Tensor:
+    """ids [N] -> [N, D]: weight[id - start] for the ids this rank's vocabulary block holds
+    (rows start .. start + len(weight) - 1), zeros for the others (the TP embedding sums the
+    ranks' rows)."""
+    n, d = ids.shape[0], weight.shape[1]
+    out = torch.empty(n, d, dtype=weight.dtype, device=weight.device)
+    if n == 0:
+        return out
+    block = _pow2(d)
+    _k()._embedding_shard_kernel[(n,)](ids, weight, out, start, weight.shape[0], d,
+                                       weight.stride(0), out.stride(0), BLOCK=block,
+                                       num_warps=4 if block <= 2048 else 8, **_pdl(weight))
+    return out
+
+
 # Launch shape of the one-row product, from a sweep on an H100 (bench/micro/gemv.py --sweep,
 # Qwen3-8B shapes): two rows of w per 4-warp program and 1,024 columns a loop step, more
 # pipeline stages for the long (down_proj) and the many-row (LM head, gate_up) products.

@@ -39,6 +39,16 @@ MAX_SPLITS = 32
 
 
 @triton.jit
+def _split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr):
+    """KV tokens a split covers: the request's tokens over the splits, in whole blocks. A split
+    count sized for max_model_len (CUDA graphs) leaves the splits past a short request's KV
+    empty; those write no partials and the merge reads only the cdiv(seq_len, this) that hold
+    tokens (at batch 1, 4 KV heads and 366 tokens: 7.0 us a layer with 32 splits against 5.3
+    with 8 when the empty ones stored and were merged)."""
+    return tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
     out_ptr, qk_scale, num_splits,
@@ -59,7 +69,7 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
     row = tl.load(rows_ptr + b).to(tl.int64)
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    per_split = _split_tokens(seq_len, num_splits, BLOCK_N)
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
@@ -120,7 +130,7 @@ def _decode_split_kernel(
         tl.store(out_ptr + b.to(tl.int64) * stride_outb + heads[:, None] * stride_outh
                  + d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=g_mask[:, None] & d_mask[None, :])
-    else:
+    elif start < seq_len:  # a split past the KV stores nothing: the merge never reads it
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         o_off = (b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os
                  + d[None, :])
@@ -130,17 +140,18 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, num_splits,
+    part_o_ptr, part_lse_ptr, out_ptr, seq_lens_ptr, num_splits,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     _pdl_begin(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    s_mask = s < num_splits
+    seq_len = tl.load(seq_lens_ptr + b)
+    s_mask = s * _split_tokens(seq_len, num_splits, BLOCK_N) < seq_len  # the splits with KV
     d_mask = d < HEAD_DIM
     lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask,
                   other=float("-inf"))
@@ -227,10 +238,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if direct:
         return out
     _decode_merge_kernel[(batch, num_heads)](
-        part_o, part_lse, out, num_splits,
+        part_o, part_lse, out, seq_lens, num_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-        num_warps=4, **launch,
+        BLOCK_N=block_n, num_warps=4, **launch,
     )
     return out

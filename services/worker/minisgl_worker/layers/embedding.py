@@ -34,6 +34,8 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if tp().size == 1:
             return F.embedding(ids, self.weight)
+        if fused_ops.usable(self.weight) and ids.dim() == 1 and ids.is_contiguous():
+            return all_reduce(fused_ops.embedding_shard(ids, self.weight, self.start))
         local = ids - self.start
         outside = (local < 0) | (local >= self.local)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
