@@ -14,6 +14,11 @@ if [ -d "$here/.whl" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "$here"/.whl/flashinfer_python-*.whl "$here"/.whl/apache_tvm_ffi-*.whl \
     >/dev/null 2>&1 || echo "gpu_env: FlashInfer wheels did not install"
+  # pip dates the files it installs now, later than the objects of the carried JIT cache
+  # (.device/fi-cache.tgz, below) built from the same sources: ninja then rebuilt the FA3
+  # prefill module in every fresh call (~85 s, the other TP rank waiting on its lock). Dated
+  # back, the installed sources are older than those objects and the cached builds load as is.
+  find /tmp/site -exec touch -h -d @946684800 {} + 2>/dev/null || true
   if [ -d "$here/.whl/py" ]; then
     python3 -m pip install -q --no-index --find-links "$here/.whl/py" fastapi uvicorn jinja2 \
       prometheus-client grpcio-health-checking grpcio-reflection einops tabulate httpx \

@@ -1,7 +1,7 @@
 """The one-row product of a batch-1 decode step: our Triton GEMV (fused_ops.gemv) against cuBLAS
 (F.linear), on the weight shapes of Qwen3 models.
 
-    source bench/gpu_env.sh && python -m bench.micro.gemv [--models qwen3-8b,qwen3-0.6b] [--sweep]
+    source bench/gpu_env.sh && python -m bench.micro.gemv [--models qwen3-8b,qwen3-8b-tp2] [--sweep]
 
 Each case is timed as a CUDA graph that cycles through enough copies of the weight (>= 400 MB)
 that none of it stays in L2, as in a forward pass where every layer reads its own weights; the
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from minisgl_worker.layers import fused_ops
+from minisgl_worker.kernels import fused_ops
 
 from bench.common import jsonl
 from bench.common.gpu_timing import graph_replay_ms
@@ -36,10 +36,14 @@ DEV, DTYPE = "cuda", torch.bfloat16
 
 
 def shapes(model: str) -> dict[str, tuple[int, int]]:
-    """Weight [N, K] of each projection."""
-    h, i, hq, hkv, d, vocab = MODELS[model]
-    return {"qkv": ((hq + 2 * hkv) * d, h), "o": (h, hq * d), "gate_up": (2 * i, h),
-            "down+silu": (h, i), "lm_head": (vocab, h)}
+    """Weight [N, K] of each projection. A name ending in "-tpN" (e.g. qwen3-8b-tp2) gives one
+    rank's shares at --tp-size N: column-parallel N / tp (qkv, gate_up, the LM head's vocabulary
+    block), row-parallel K / tp (o, down)."""
+    base, _, tp_part = model.partition("-tp")
+    t = int(tp_part) if tp_part else 1
+    h, i, hq, hkv, d, vocab = MODELS[base]
+    return {"qkv": ((hq + 2 * hkv) * d // t, h), "o": (h, hq * d // t),
+            "gate_up": (2 * i // t, h), "down+silu": (h, i // t), "lm_head": (-(-vocab // t), h)}
 
 
 def graph_us(call: Callable[[torch.Tensor], object], weights: list[torch.Tensor],

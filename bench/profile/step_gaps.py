@@ -37,6 +37,7 @@ def main() -> int:
     p.add_argument("--quantization", default="none", choices=["none", "fp8"])
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--max-prefill-tokens", type=int, default=None)
+    p.add_argument("--tp-size", type=int, default=1, help="events on rank 0's GPU")
     args = p.parse_args()
 
     import torch
@@ -45,7 +46,7 @@ def main() -> int:
 
     llm = LLM(args.model, load_format="dummy", max_running_requests=256,
               attention_backend=args.attention_backend, kv_cache_dtype=args.kv_cache_dtype,
-              quantization=args.quantization,
+              quantization=args.quantization, tp_size=args.tp_size,
               **({"max_prefill_tokens": args.max_prefill_tokens}
                  if args.max_prefill_tokens else {}))
     prompts, outs = workload(256)
