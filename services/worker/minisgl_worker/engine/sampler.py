@@ -327,13 +327,11 @@ class Sampler:
         if plan is None:
             raise ValueError("this batch needs the full vocabulary's logits: use sample()")
         self.flush()
-        if plan.all_greedy and self.use_triton:  # the plain argmax: no seeds to look up
-            scores, ids = shard_best(logits, shard, positions, positions, None, None, True)
-        else:
-            temps = None if plan.all_greedy else self._df[slots, _DRAW_TEMP]
-            scores, ids = shard_best(logits, shard, self._di[slots, _SEED],
-                                     positions.to(torch.int64), temps, self._token_hashes(),
-                                     self.use_triton)
+        temps = seeds = None  # greedy: the plain argmax, no seeds to look up
+        if not plan.all_greedy:
+            temps, seeds = self._df[slots, _DRAW_TEMP], self._di[slots, _SEED]
+        scores, ids = shard_best(logits, shard, seeds, positions.to(torch.int64), temps,
+                                 self._token_hashes(), self.use_triton)
         tokens = combine(scores, ids)
         self._record(slots, hs, tokens)
         return SampleOutput(tokens)
@@ -348,12 +346,8 @@ class Sampler:
                     plan: _Plan) -> torch.Tensor:
         """Greedy and temperature-only rows, straight from the logits in their own dtype: the
         upcast is exact and order-preserving, so argmax and the draw match the fp32 path."""
-        if plan.all_greedy and self.use_triton:
-            from ..kernels import sampling as kern
-
-            return kern.argmax_best(logits)[1]
         if plan.all_greedy:
-            return logits.argmax(dim=1)
+            return ops.greedy_argmax(logits, self.use_triton)
         return ops.gumbel_argmax(logits, self._di[slots, _SEED], positions.to(torch.int64),
                                  self._token_hashes(), temps=self._df[slots, _DRAW_TEMP],
                                  use_triton=self.use_triton)

@@ -150,6 +150,16 @@ def gumbel_argmax(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     return gumbel_argmax_torch(x, row_keys(seeds, positions), tok_hash, temps=temps)
 
 
+def greedy_argmax(x: torch.Tensor, use_triton: bool) -> torch.Tensor:
+    """x.argmax(dim=1); with use_triton the two-launch kernel (kernels/sampling.argmax_best),
+    the same ids for rows without NaN: torch's reduction spreads one long row over few SMs."""
+    if not use_triton:
+        return x.argmax(dim=1)
+    from ..kernels import sampling as kern
+
+    return kern.argmax_best(x)[1]
+
+
 def gumbel_best(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                 tok_hash: torch.Tensor | None, *, temps: torch.Tensor | None = None,
                 id_offset: int = 0, use_triton: bool | None = None,

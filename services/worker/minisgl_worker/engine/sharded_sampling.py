@@ -41,12 +41,13 @@ class VocabShard:
         return VocabShard(start, max(0, min(local, vocab_size - start)))
 
 
-def shard_best(logits: torch.Tensor, shard: VocabShard, seeds: torch.Tensor,
+def shard_best(logits: torch.Tensor, shard: VocabShard, seeds: torch.Tensor | None,
                positions: torch.Tensor, temps: torch.Tensor | None, tok_hash: torch.Tensor | None,
                use_triton: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's best (score float32 [B], global id int64 [B]) per row. logits [B, >= size]
     (the rank's columns; any past `shard.size` are padding); temps None: every row greedy, the
-    score is the logit (exact in float32 from bf16/fp16); else `ops.gumbel_best`'s scores."""
+    score is the logit (exact in float32 from bf16/fp16), seeds unread; else
+    `ops.gumbel_best`'s scores."""
     batch = logits.shape[0]
     if shard.size == 0:  # a last rank holding only padding never wins (unless all are -inf)
         return (torch.full((batch,), -math.inf, dtype=torch.float32, device=logits.device),
@@ -59,6 +60,8 @@ def shard_best(logits: torch.Tensor, shard: VocabShard, seeds: torch.Tensor,
     if temps is None:
         idx = x.argmax(dim=1, keepdim=True)
         return x.gather(1, idx).squeeze(1).to(torch.float32), idx.squeeze(1) + shard.start
+    if seeds is None:
+        raise ValueError("a draw with temperatures needs the rows' seeds")
     return ops.gumbel_best(x, seeds, positions, tok_hash, temps=temps, id_offset=shard.start,
                            use_triton=use_triton)
 
