@@ -2,7 +2,8 @@
 writes the output itself, no merge) beats split-K plus the merge.
 
     source bench/gpu_env.sh && python -m bench.micro.decode_splits [--batch 256 128 64 16]
-    python -m bench.micro.decode_splits --batch 1 4 --models qwen3-8b qwen3-8b-tp2 --kv bf16
+    python -m bench.micro.decode_splits --batch 1 4 --models qwen3-8b qwen3-8b-tp2 --kv bf16 \
+        --context 1280
 
 Per case (model heads x batch x KV dtype x splits) it times `paged_decode` as a CUDA graph of
 --layers calls (each layer its own KV pool, so the reads come from HBM, not L2) and reports the
@@ -34,10 +35,12 @@ D, PAGE, MAX_MODEL_LEN = 128, 64, 40960
 Caches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def make_case(batch: int, hk: int, kv_dtype: torch.dtype, layers: int, seed: int
+def make_case(batch: int, hk: int, kv_dtype: torch.dtype, layers: int, seed: int,
+              context: int | None = None
               ) -> tuple[list[int], torch.Tensor, Caches, torch.Tensor, torch.Tensor]:
+    """`context`: every request holds that many tokens (else the mid-run mix above)."""
     rng = random.Random(seed)
-    lens = [rng.randint(100, 1024) + rng.randint(0, 1024) for _ in range(batch)]
+    lens = [context or rng.randint(100, 1024) + rng.randint(0, 1024) for _ in range(batch)]
     pages_per = [-(-n // PAGE) for n in lens]
     num_pages = sum(pages_per) + 1
     perm = torch.randperm(num_pages, device="cuda").to(torch.int32)
@@ -81,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv", nargs="+", default=["bf16", "fp8_e4m3"])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--context", type=int, default=None,
+                   help="KV tokens of every request (e.g. 1280: bench.latency's mid-decode)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("decode_splits: needs a CUDA device", file=sys.stderr)
@@ -92,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         for kv in args.kv:
             for batch in args.batch:
                 lens, table, caches, seq_lens, rows = make_case(batch, hk, dtypes[kv],
-                                                                args.layers, seed=batch)
+                                                                args.layers, seed=batch,
+                                                                context=args.context)
                 q = torch.randn(batch, hq, D, device="cuda", dtype=torch.bfloat16)
                 kv_bytes = 2 * sum(lens) * hk * D * caches[0][0].element_size()
                 ref = None
