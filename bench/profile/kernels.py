@@ -44,11 +44,12 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profiled(run: Callable[[], object], cuda_only: bool,
-             trace: str | None = None) -> tuple[Any, float]:
+def profiled(run: Callable[[], object], cuda_only: bool, trace: str | None = None,
+             raw: list[Any] | None = None) -> tuple[Any, float]:
     """`run()` under the torch profiler: (its `key_averages()`, wall seconds to the GPU's end).
     CPU and CUDA activity, or CUDA only (`cuda_only`: a long run, the host events would cost
-    more than they tell); CPU only on a machine without CUDA. `trace`: a chrome trace file."""
+    more than they tell); CPU only on a machine without CUDA. `trace`: a chrome trace file.
+    `raw`: extended with the run's kineto events (timed activities, for bench.profile.gaps)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -67,6 +68,8 @@ def profiled(run: Callable[[], object], cuda_only: bool,
         wall = time.perf_counter() - start
     if trace:
         prof.export_chrome_trace(trace)
+    if raw is not None and prof.profiler is not None and prof.profiler.kineto_results:
+        raw.extend(prof.profiler.kineto_results.events())
     return prof.key_averages(), wall
 
 

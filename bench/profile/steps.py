@@ -9,7 +9,9 @@ bench.offline's warm-up and then its 256 requests under the profiler (CUDA activ
 the profiler's cost down). Prints one JSON line (wall time, GPU busy time and idle share, kernel
 seconds by kind and the top kernels: bench/profile/kernels.py), then the profiler's tables.
 `bench.peer.profile` runs vLLM on the same requests and prints the same fields, so the two can be
-read side by side. A chrome trace is written when `--trace` names a file.
+read side by side. A chrome trace is written when `--trace` names a file; `--gaps` adds where
+the GPU idles, gap by gap (bench/profile/gaps.py). The line's `host_stalls` counts this process's
+garbage collections, Triton compiles and allocator slow paths in the timed run (profile.stalls).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from bench.common import jsonl
 from bench.profile.kernels import kernel_times, profiled, report
+from bench.profile.stalls import host_stalls
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -69,6 +72,8 @@ def main() -> int:
     p.add_argument("--tp-size", type=int, default=1,
                    help="TP>1: rank 0's kernels (this process); the other ranks mirror them")
     p.add_argument("--trace", default=None)
+    p.add_argument("--gaps", action="store_true",
+                   help="also where the GPU idles: gaps by neighbouring kernels (profile.gaps)")
     p.add_argument("--json", default=None)
     add_workload_args(p)
     args = p.parse_args()
@@ -89,9 +94,20 @@ def main() -> int:
                 for n in max_tokens]
 
     llm.generate(warm, params(warm_lens))
-    events, wall = profiled(lambda: llm.generate(prompts, params(lens)), cuda_only=offline,
-                           trace=args.trace)
+    raw: list[Any] | None = [] if args.gaps else None
+    stalls: dict[str, Any] = {}
+
+    def run() -> None:
+        with host_stalls(stalls):  # the run only: not the profiler's own processing after it
+            llm.generate(prompts, params(lens))
+
+    events, wall = profiled(run, cuda_only=offline, trace=args.trace, raw=raw)
     fields = report(kernel_times(events), wall, args.rows)
+    fields["host_stalls"] = stalls
+    if raw is not None:
+        from bench.profile.gaps import device_activities, idle_gaps
+
+        fields["gaps"] = idle_gaps(device_activities(raw), wall, args.rows)
     record = record_of(args, "minisgl", {
         "tp": args.tp_size, "backend": args.attention_backend,
         "overlap": not args.disable_overlap,

@@ -103,7 +103,7 @@ CASES = [
     Case("sampling", "_gumbel_argmax_kernel", {"HAS_TEMP": False, "TOK_TABLE": False,
                                                "BLOCK": 1024, "GREEDY": True},
          {"part_val_ptr": "*fp32", "part_idx_ptr": "*i64"}),
-    Case("sampling", "_best_chunk_kernel", {"BLOCK_C": 32},
+    Case("sampling", "_best_chunk_kernel", {"BLOCK_C": 64},
          {"part_val_ptr": "*fp32", "part_idx_ptr": "*i64", "val_ptr": "*fp32",
           "idx_ptr": "*i64"}, {}, {"num_warps": 1}),
     Case("sampling", "_pack_slot_kernel", {"WORLD": 2, "BLOCK": 256},

@@ -19,6 +19,9 @@ import triton.language as tl
 
 _BLOCK = 1024
 _TARGET_PROGRAMS = 512  # enough chunks to spread a small batch over every SM
+# The chunk winners' block: one width for every batch size (the chunk count falls as the batch
+# grows), so one compiled variant covers vocabularies up to 64 chunks (262,144 tokens at _BLOCK).
+_MIN_BLOCK_C = 64
 
 
 @triton.jit
@@ -38,7 +41,12 @@ def _row_key(seed, position):
     return _hash32(k ^ (position & 0xFFFFFFFF).to(tl.uint32))
 
 
-@triton.jit
+# Arguments that change with the batch size are not specialised (`do_not_specialize`): Triton
+# compiles a variant per value class of an int argument (1, a multiple of 16, other), and the
+# first step of a batch size class the warm-up had not met stalled the host while it compiled
+# (TP=2 offline on an H100: 5 compiles, 293 ms, in the timed run). The chunk loops read whole
+# blocks either way; only tiny scalar index maths lose the hint.
+@triton.jit(do_not_specialize=["num_chunks"])
 def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, tok_hash_ptr, part_val_ptr,
                           part_idx_ptr, vocab, id_offset, stride_x, stride_seed, stride_temp,
                           chunk, num_chunks, HAS_TEMP: tl.constexpr, TOK_TABLE: tl.constexpr,
@@ -93,7 +101,7 @@ def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, tok_hash_p
     tl.store(part_idx_ptr + row * num_chunks + c, idx.to(tl.int64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def _best_chunk_kernel(part_val_ptr, part_idx_ptr, val_ptr, idx_ptr, num_chunks,
                        BLOCK_C: tl.constexpr):
     """A row's winner over its chunks: the highest score, ties to the earliest chunk (chunks
@@ -107,7 +115,7 @@ def _best_chunk_kernel(part_val_ptr, part_idx_ptr, val_ptr, idx_ptr, num_chunks,
     tl.store(idx_ptr + row, tl.load(part_idx_ptr + row * num_chunks + first))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch", "rank"])
 def _pack_slot_kernel(val_ptr, idx_ptr, buf_ptr, batch, rank, WORLD: tl.constexpr,
                       BLOCK: tl.constexpr):
     """buf [WORLD, B, 2] fp32: this rank's (score, id) pairs in slot `rank`, zeros in the other
@@ -122,7 +130,7 @@ def _pack_slot_kernel(val_ptr, idx_ptr, buf_ptr, batch, rank, WORLD: tl.constexp
         tl.store(buf_ptr + (r * batch + b) * 2 + 1, tl.where(mine, idx, 0.0), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch"])
 def _pick_ranks_kernel(buf_ptr, out_ptr, batch, WORLD: tl.constexpr, BLOCK: tl.constexpr):
     """Per row the id of the highest score over the ranks' slots, ties to the lowest rank."""
     b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -171,7 +179,8 @@ def best_of_chunks(part_val: torch.Tensor, part_idx: torch.Tensor
     idx = torch.empty(batch, dtype=part_idx.dtype, device=part_idx.device)
     if batch:
         _best_chunk_kernel[(batch,)](part_val, part_idx, val, idx, num_chunks,
-                                     BLOCK_C=triton.next_power_of_2(num_chunks), num_warps=1)
+                                     BLOCK_C=max(_MIN_BLOCK_C, triton.next_power_of_2(num_chunks)),
+                                     num_warps=1)
     return val, idx
 
 
