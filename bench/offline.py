@@ -77,8 +77,6 @@ def main() -> int:
                    help="TP: largest message (MiB) for the custom all-reduce (default: engine's)")
     p.add_argument("--disable-sharded-sampling", action="store_true",
                    help="TP: gather the full logits for every draw (the before of an A/B)")
-    p.add_argument("--tp-overlap-min-tokens", type=int, default=0,
-                   help="TP: steps of this many tokens run in halves, NCCL beside GEMMs (0: off)")
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--hbm-tbps", type=float, default=None, help="skip measuring; use this TB/s")
@@ -127,8 +125,6 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         kwargs["disable_sharded_sampling"] = True
     if args.custom_all_reduce_max_mb:
         kwargs["custom_all_reduce_max_mb"] = args.custom_all_reduce_max_mb
-    if args.tp_overlap_min_tokens:
-        kwargs["tp_overlap_min_tokens"] = args.tp_overlap_min_tokens
     llm = LLM(args.model, **kwargs)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
               for n in out_lens]
@@ -157,7 +153,6 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         "all_reduce_protocol": os.environ.get("MINISGL_ALL_REDUCE_PROTOCOL"),
         "custom_all_reduce_max_mb": args.custom_all_reduce_max_mb,
         "sharded_sampling": args.tp_size > 1 and not args.disable_sharded_sampling,
-        "tp_overlap_min_tokens": args.tp_overlap_min_tokens,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "input_tokens": sum(map(len, prompts)), "output_tokens": produced,
         "seconds": round(elapsed, 3), "output_tok_s": round(produced / elapsed, 1),

@@ -143,8 +143,6 @@ def main() -> int:
     p.add_argument("--cache", default="radix", choices=["radix", "naive"])
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--quantization", default="none", choices=["none", "fp8"])
-    p.add_argument("--tp-overlap-min-tokens", type=int, default=0,
-                   help="TP: steps of this many tokens run in halves, NCCL beside GEMMs (0: off)")
     add_case_args(p)
     args = p.parse_args()
     cases = parse_cases(args.cases)
@@ -164,8 +162,6 @@ def main() -> int:
         kwargs["max_prefill_tokens"] = args.max_prefill_tokens
     if args.max_model_len:
         kwargs["max_model_len"] = args.max_model_len
-    if args.tp_overlap_min_tokens:  # only when set: older trees (A/B runs) lack the field
-        kwargs["tp_overlap_min_tokens"] = args.tp_overlap_min_tokens
     llm = LLM(_servable(args.model), **kwargs)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1)
     vocab = int(config["vocab_size"])
@@ -193,7 +189,6 @@ def main() -> int:
                   "prefill_backend": args.prefill_attention_backend,
                   "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
                   "max_prefill_tokens": chunk, "cache": args.cache,
-                  "tp_overlap_min_tokens": args.tp_overlap_min_tokens,
                   **case_record(config, case, [t for t, _ in timed], args.peak_tflops,
                                 args.tp_size),
                   "cached_tokens": max(c for _, c in timed)}

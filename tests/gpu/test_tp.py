@@ -48,16 +48,14 @@ def prompts(n: int, vocab: int) -> list[list[int]]:
 
 def run(model: str, tp: int, dtype: str, backend: str, ps: list[list[int]],
         new_tokens: int, quantization: str = "none", temperature: float = 0.0,
-        disable_sharded_sampling: bool = False, **config: int,
+        disable_sharded_sampling: bool = False,
         ) -> tuple[torch.Tensor, list[list[int]], float]:
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.step import ReqPlan, StepPlan
 
     t0 = time.perf_counter()
-    extra: dict[str, object] = dict(config)
-    if disable_sharded_sampling:
-        extra["disable_sharded_sampling"] = True
+    extra = {"disable_sharded_sampling": True} if disable_sharded_sampling else {}
     llm = LLM(model, load_format=LOAD_FORMAT, tp_size=tp, dtype=dtype, attention_backend=backend,
               max_model_len=4096, cache="naive", quantization=quantization, **extra)
     init_s = time.perf_counter() - t0
@@ -94,10 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantization", default="none", choices=["none", "fp8"])
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="> 0: seeded sampled generation instead of greedy")
-    ap.add_argument("--tp-overlap-min-tokens", type=int, default=0,
-                    help="TP=N runs steps of this many tokens in halves (models/tp_overlap.py)")
-    ap.add_argument("--custom-all-reduce-max-mb", type=int, default=None,
-                    help="TP=N: the custom all-reduce's cap (a small one sends halves to NCCL)")
     ap.add_argument("--compare-sharded", action="store_true",
                     help="also run TP=N with --disable-sharded-sampling: the tokens must be "
                          "identical (the same logits, drawn per shard or gathered)")
@@ -112,12 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                                         a.new_tokens, q, t)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    tp_config = {"tp_overlap_min_tokens": a.tp_overlap_min_tokens} if a.tp_overlap_min_tokens \
-        else {}
-    if a.custom_all_reduce_max_mb:
-        tp_config["custom_all_reduce_max_mb"] = a.custom_all_reduce_max_mb
     logits, tokens, init_n = run(a.model, a.tp, a.dtype, a.attention_backend, ps, a.new_tokens,
-                                 q, t, **tp_config)
+                                 q, t)
     gathered = None
     if a.compare_sharded:
         if torch.cuda.is_available():
@@ -174,13 +164,10 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ["--dtype", "float32", "--attention-backend", "triton"],
     ["--dtype", "float32", "--attention-backend", "triton", "--temperature", "0.8",
      "--compare-sharded"],
-    ["--dtype", "float32", "--attention-backend", "triton", "--tp-overlap-min-tokens", "512",
-     "--custom-all-reduce-max-mb", "1"],
-    ["--quantization", "fp8"]], ids=["fp32", "fp32-sampled", "fp32-halves", "fp8"])
+    ["--quantization", "fp8"]], ids=["fp32", "fp32-sampled", "fp8"])
 def test_tp2_equals_tp1(checkpoint: Path, args: list[str]) -> None:
     """fp32: greedy (or seeded sampled) tokens of TP=2, drawn from each rank's vocabulary
-    shard, identical to TP=1, and (sampled) to TP=2 drawing from the gathered logits; halves:
-    the prefill steps' rows in two halves with NCCL all-reduces in flight, as identical; fp8:
+    shard, identical to TP=1, and (sampled) to TP=2 drawing from the gathered logits; fp8:
     TP=2's error against unquantized TP=1 within 1.5x of TP=1's."""
     assert main(["--model", str(checkpoint), "--tp", "2", *args]) == 0
 

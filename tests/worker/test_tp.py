@@ -91,40 +91,6 @@ def test_tp2_sharded_draw_equals_the_gathered_one(tiny_model) -> None:  # noqa: 
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
-def test_tp2_rows_in_halves_equal_tp1(tiny_model, arch: str, monkeypatch) -> None:  # noqa: ANN001
-    """--tp-overlap-min-tokens: steps of 2+ rows run in halves with asynchronous all-reduces
-    (models/tp_overlap.py); logits and greedy tokens stay TP=1's, and the path is taken."""
-    from minisgl_worker.models import tp_overlap
-
-    taken = []
-    halves = tp_overlap.forward
-
-    def counted(*args: Any, **kw: Any) -> torch.Tensor:
-        taken.append(args[2].shape[0])
-        return halves(*args, **kw)
-
-    monkeypatch.setattr(tp_overlap, "forward", counted)
-    path = tiny_model(arch)
-    logits1, tokens1, _ = _run(path, 1)
-    assert not taken  # TP=1: never
-    logits2, tokens2, _ = _run(path, 2, tp_overlap_min_tokens=2)
-    torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=1e-4)
-    assert tokens2 == tokens1
-    # the start-up prefill (one page), the logits step, the requests' prefills and decodes
-    assert taken[:2] == [PAGE, len(PROMPTS[0])] and len(taken) > 4 and min(taken) >= 2
-
-
-def test_tp2_rows_in_halves_with_fp8_weights(tiny_model) -> None:  # noqa: ANN001
-    """With fp8 projections the halves quantize their rows as the whole step does (per-row
-    activation scales): the same logits and tokens as TP=2 without halves."""
-    path = tiny_model("qwen3_moe")
-    whole, tokens_whole, _ = _run(path, 2, "fp8")
-    halves, tokens_halves, _ = _run(path, 2, "fp8", tp_overlap_min_tokens=2)
-    torch.testing.assert_close(halves, whole, atol=1e-5, rtol=1e-5)
-    assert tokens_halves == tokens_whole
-
-
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
 def test_tp2_with_fp8_weights(tiny_model, arch: str) -> None:  # noqa: ANN001
     """--quantization fp8 at TP=2: each rank quantizes its own shards (row-parallel layers, o
     and down, and the experts' down rows get per-shard scales; o and down per-shard activation

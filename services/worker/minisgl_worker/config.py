@@ -81,11 +81,6 @@ class EngineConfig:
         "TP: gather the full vocabulary's logits on every rank for every draw, instead of "
         "drawing greedy and temperature-only batches from each rank's shard and exchanging one "
         "(score, token) pair per row"))
-    tp_overlap_min_tokens: int = field(default=0, metadata=_help(
-        "TP: steps of at least this many tokens (prefill chunks) run their rows in two halves, "
-        "each half's NCCL all-reduce beside the other half's GEMMs; 0 (default): never. Only "
-        "where a half is past --custom-all-reduce-max-mb (smaller ones are summed in one fused "
-        "kernel already)"))
     tp_size: int = field(default=1, metadata=_help("tensor-parallel ranks (one GPU each)"))
     tp_rank: int = field(default=0, metadata=_help(
         "this process's rank (ranks > 0 need --dist-init-method)"))
@@ -115,8 +110,6 @@ class EngineConfig:
             raise ValueError("num_pages must be >= 1")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError("mem_fraction must be in (0, 1]")
-        if self.tp_overlap_min_tokens < 0:
-            raise ValueError("tp_overlap_min_tokens must be >= 0 (0: off)")
         if not 1 <= self.custom_all_reduce_max_mb <= 1024:
             raise ValueError("custom_all_reduce_max_mb must be in [1, 1024] (MiB)")
         if not 0 <= self.tp_rank < self.tp_size:

@@ -6,7 +6,6 @@ from .process_group import (
     all_gather_last,
     all_gather_stack,
     all_reduce,
-    all_reduce_start,
     broadcast_object,
     destroy_tp,
     free_port,
@@ -16,6 +15,5 @@ from .process_group import (
     use_fast_all_reduce,
 )
 
-__all__ = ["TPState", "all_gather_last", "all_gather_stack", "all_reduce", "all_reduce_start",
-           "broadcast_object", "destroy_tp", "free_port", "init_tp", "shard", "tp",
-           "use_fast_all_reduce"]
+__all__ = ["TPState", "all_gather_last", "all_gather_stack", "all_reduce", "broadcast_object",
+           "destroy_tp", "free_port", "init_tp", "shard", "tp", "use_fast_all_reduce"]

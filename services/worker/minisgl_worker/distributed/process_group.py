@@ -136,15 +136,6 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def all_reduce_start(x: torch.Tensor) -> Any:
-    """Start summing x over the TP ranks, in place, over NCCL/gloo (never the custom all-reduce,
-    which is synchronous); returns a handle whose `wait()` orders the caller after the sum (on
-    CUDA the current stream waits, not the host), or None when there is nothing to sum."""
-    if _TP.size == 1:
-        return None
-    return dist.all_reduce(x, group=_TP.group, async_op=True)
-
-
 def all_gather_last(x: torch.Tensor) -> torch.Tensor:
     """Concatenate each rank's x along the last dim, in rank order."""
     if _TP.size == 1:

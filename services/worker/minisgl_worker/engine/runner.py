@@ -104,7 +104,6 @@ class ModelRunner:
         log.info("model %s loaded (%s, %s, quantization %s) in %.1fs", mc.architecture,
                  self.dtype, load_format, config.quantization, time.perf_counter() - t0)
         tp = config.tp_size
-        self.model.model.overlap_min_tokens = config.tp_overlap_min_tokens
         if tp > 1 and device.type == "cuda" and not config.disable_custom_all_reduce:
             from ..kernels.all_reduce import OneShotAllReduce  # Triton: CUDA builds only
 

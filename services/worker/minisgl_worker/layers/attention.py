@@ -37,15 +37,9 @@ class SelfAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor | Fp8Rows,
                 attn: AttentionBackend) -> torch.Tensor:
-        return self.o_proj(self.attend(positions, self.qkv_proj(x), attn))
-
-    def attend(self, positions: torch.Tensor, qkv: torch.Tensor,
-               attn: AttentionBackend) -> torch.Tensor:
-        """The packed projections [T, q | k | v] -> the attention output [T, heads x head_dim],
-        before `o_proj` (models/tp_overlap.py projects its rows in parts)."""
-        t, d = qkv.shape[0], self.head_dim
+        t, d = x.shape[0], self.head_dim
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
         q = q.reshape(t, self.num_heads, d)
         k = k.reshape(t, self.num_kv_heads, d)
         v = v.reshape(t, self.num_kv_heads, d)
@@ -55,11 +49,13 @@ class SelfAttention(nn.Module):
         loc = attn.store_loc() if fused_ops.usable(q) else None
         if loc is not None:
             self._fused_prologue(positions, q, k, v, attn, loc)
-            return attn.forward(q, k, v, self.layer_id, kv_stored=True).reshape(t, q_size)
+            out = attn.forward(q, k, v, self.layer_id, kv_stored=True)
+            return self.o_proj(out.reshape(t, q_size))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary[0](positions, q, k)
-        return attn.forward(q, k, v, self.layer_id).reshape(t, q_size)
+        out = attn.forward(q, k, v, self.layer_id)
+        return self.o_proj(out.reshape(t, q_size))
 
     def _fused_prologue(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, attn: AttentionBackend, loc: torch.Tensor) -> None:

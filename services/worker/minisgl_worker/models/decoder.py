@@ -23,7 +23,6 @@ from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from ..model_config import ModelConfig
-from . import tp_overlap
 
 # HF name of a packed part -> (our packed module, shard id)
 _PACKED = {
@@ -71,16 +70,10 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        # TP: steps of at least this many rows run in halves, NCCL's all-reduces beside the
-        # GEMMs (tp_overlap.py); 0: never. The engine sets it from its config.
-        self.overlap_min_tokens = 0
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionBackend) -> torch.Tensor:
         h, residual = self.embed_tokens(input_ids), None
-        if tp_overlap.applies(self.overlap_min_tokens, h):
-            layers = cast(list[DecoderLayer], list(self.layers))
-            return tp_overlap.forward(layers, self.norm, h, positions, attn)
         for layer in self.layers:
             h, residual = layer(positions, h, residual, attn)
         assert residual is not None
