@@ -17,14 +17,18 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from minisgl_worker.kernels import fused_moe_kernels  # noqa: E402
 from minisgl_worker.kernels.fused_moe import (  # noqa: E402
+    SINGLE_ALIGN_MAX_PAIRS,
     GemmTile,
     MoeConfig,
     align_pairs,
+    choose_config,
     fused_moe,
     fused_moe_triton,
     moe_reference,
     quantize_experts,
     route,
+    warm_token_counts,
+    warm_up,
 )
 
 if type(fused_moe_kernels.gate_up_kernel).__name__ != "InterpretedFunction":
@@ -190,3 +194,22 @@ def test_fp8_experts_bad_input() -> None:
         fused_moe_triton(x, q13, q2, ids, w, w13_scale=s13, w2_scale=s2[:, :-1])
     with pytest.raises(ValueError, match="w13_scale must be fp32"):
         fused_moe(x, q13, q2, ids, w, w13_scale=s13.double(), w2_scale=s2)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("top_k", [1, 2, 8])
+def test_warm_up_meets_every_config(top_k: int, fp8: bool) -> None:
+    """Start-up runs one token count per (tile config, alignment path): every count a step can
+    bring, up to past the last bucket, launches a variant the warm-up already compiled."""
+    counts = warm_token_counts(top_k, fp8)
+    key = lambda n: (choose_config(n, fp8=fp8), n * top_k <= SINGLE_ALIGN_MAX_PAIRS)  # noqa: E731
+    warmed = {key(n) for n in counts}
+    assert len(warmed) == len(counts) >= 4  # one count each, and the buckets are many
+    missed = [n for n in range(1, 20_000) if key(n) not in warmed]
+    assert not missed, missed[:5]
+
+
+def test_warm_up_compiles_nothing_on_cpu() -> None:
+    """CPU tensors serve from the torch reference: no Triton variant to compile."""
+    _, w13, w2, _, _ = make(1)
+    assert warm_up(w13, w2, K, torch.float32) == []

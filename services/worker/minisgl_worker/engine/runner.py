@@ -33,6 +33,7 @@ from ..attention import AttentionConfig, backend_class, create_backend, describe
 from ..attention.kv_pool import KVPool
 from ..config import EngineConfig
 from ..fp8 import check_supported as check_quantization
+from ..layers.moe import SparseMoeBlock
 from ..loader import load_model
 from ..model_config import ModelConfig
 from .batch import DeviceStep, PlanBuilder
@@ -196,7 +197,8 @@ class ModelRunner:
         """One throwaway prefill of `num_tokens` tokens into page 0, before any request: the
         prefill attention kernels compile (FlashInfer JIT-compiles them on first use, a minute
         for FA3 on a machine without its cache) at start-up, where the startup probe waits,
-        instead of inside the first request. Decode kernels compile in graph capture. Every
+        instead of inside the first request; so do the MoE experts' kernels at every tile config
+        (`fused_moe.warm_up`). Decode kernels compile in graph capture. Every
         rank runs it (its TP collectives match); the slot and page it used are left as at
         start. Returns the seconds it took."""
         started = time.perf_counter()
@@ -204,6 +206,10 @@ class ModelRunner:
         plan = StepPlan(step_id=-1, reqs=[ReqPlan(rid=-1, slot=0, cache_len=0,
                                                   input_ids=[0] * n, new_pages=[0])])
         self.run_logits(plan)
+        # MoE tile configs go by the step's token count: compile those this prefill missed.
+        moe = next((m for m in self.model.modules() if isinstance(m, SparseMoeBlock)), None)
+        if moe is not None and (counts := moe.warm_up_kernels(self.dtype)):
+            log.info("MoE kernels warmed up at %s tokens", counts)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         b = self.builder  # slot 0 as it was: no pages, no token future
