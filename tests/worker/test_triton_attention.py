@@ -190,11 +190,16 @@ def test_store_kv_writes_only_its_slots(page_size: int):
 def test_choose_num_splits():
     assert paged_decode.choose_num_splits(256, 8, 100) == 1
     assert paged_decode.choose_num_splits(256, 8, 40960) == 1  # a full batch: no merge
-    assert paged_decode.choose_num_splits(128, 8, 40960) == 2
+    assert paged_decode.choose_num_splits(128, 8, 40960) == 1  # 1,024 programs
+    assert paged_decode.choose_num_splits(128, 8, 40960, kv_bytes=1) == 2  # fp8 below 256
+    assert paged_decode.choose_num_splits(256, 8, 40960, kv_bytes=1) == 1
+    assert paged_decode.choose_num_splits(128, 4, 40960) == 2
+    assert paged_decode.choose_num_splits(96, 4, 40960) == 2  # 384 programs: rounds down
     assert paged_decode.choose_num_splits(256, 4, 40960) == 1  # 4 KV heads: still one
-    assert paged_decode.choose_num_splits(256, 2, 40960) == 4
+    assert paged_decode.choose_num_splits(256, 2, 40960) == 2
     assert paged_decode.choose_num_splits(1, 8, 32768) == 32
-    assert paged_decode.choose_num_splits(4, 8, 1000) == 4
+    assert paged_decode.choose_num_splits(4, 8, 1000) == 4  # capped by the 256-token slices
+    assert paged_decode.choose_num_splits(64, 8, 200, kv_bytes=1) == 1  # one slice: no split
     for b in (1, 3, 17, 300):
         n = paged_decode.choose_num_splits(b, 2, 5000)
         assert n & (n - 1) == 0 and 1 <= n <= paged_decode.MAX_SPLITS

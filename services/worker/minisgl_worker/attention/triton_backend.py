@@ -111,7 +111,7 @@ class TritonBackend(AttentionBackend):
         a request's KV exit at once)."""
         c = self.config
         return self._decode.choose_num_splits(1 << max(0, bs - 1).bit_length(), c.num_kv_heads,
-                                              c.max_model_len)
+                                              c.max_model_len, c.cache_dtype.itemsize)
 
     def init_cuda_graph(self, max_bs: int) -> None:
         c, dev = self.config, self.config.device

@@ -25,15 +25,18 @@ from . import pdl
 from .pdl import begin as _pdl_begin
 
 _LOG2E = 1.4426950408889634
-# Stage-1 programs worth launching. A full batch of 256 x 8 KV heads reads as fast with one split
-# as with two (Qwen3-0.6B shapes on an H100, ~1k-token contexts: 1/2/4/8 splits 2.83/2.84/2.78/
-# 2.68 TB/s; docs/benchmarks/log/2026-11-24-10.md), and one split writes the output itself: no
-# fp32 partials, no merge launch (7-13 us a layer at batch 256 on the 8B / 30B-A3B shapes).
-_TARGET_PROGRAMS = 2048
-# A full batch takes one split with as few as 4 KV heads too: on an H100 (bench.micro.decode_splits,
-# contexts 100-2,048) 1/2 splits at batch 256 took 199.5/210.9 us (Qwen3-30B-A3B heads, bf16),
-# 126.6/131.9 (fp8), 377.9/393.8 (Qwen3-8B bf16); at batch 128 the two were within +-4 %.
-_DIRECT_BATCH, _DIRECT_MIN_PROGRAMS = 256, 1024
+# Stage-1 programs (batch x KV heads x splits) worth launching: splits = the largest power of two
+# <= _TARGET_PROGRAMS / (batch x KV heads), so one split (the kernel writes the output itself: no
+# fp32 partials, no merge launch) from 1,024 programs on. Fitted on an H200 (bench.micro.
+# decode_splits, batches 16-256, contexts 100-2,048, docs/benchmarks/log/2026-11-26-splits.md):
+# within ~3 % of the best split count at every batch for 4 and 8 KV heads with a bf16 cache,
+# where the earlier 2,048 took 4 splits at batches 65-128 with 4 KV heads (5-7 % slower) and 2
+# at 128 with 8. An H100 agrees at batches 128/256 (2026-11-26-moe).
+_TARGET_PROGRAMS = 1024
+# An fp8 cache reads half the bytes a token for the same arithmetic: below a full batch, two
+# splits beat one by 2-5 % (H200: 8 KV heads at 128/160/192, 124.6/149.5/180.6 us against
+# 128.8/151.3/180.9; H100 at 128: 127.4 against 133.4).
+_FP8_DIRECT_BATCH = 256
 _MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 
@@ -182,14 +185,14 @@ def _default_stages(device: torch.device, row_bytes: int) -> int:
     return 3 if 3 * 2 * _BLOCK_N * row_bytes <= smem * 3 // 4 else 2
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, kv_bytes: int = 2) -> int:
     """Enough splits to fill the GPU when the batch is small, never slices under a few hundred
-    tokens; a power of two so that few variants get compiled."""
-    if batch >= _DIRECT_BATCH and batch * num_kv_heads >= _DIRECT_MIN_PROGRAMS:
-        return 1
-    want = min(triton.cdiv(_TARGET_PROGRAMS, max(1, batch * num_kv_heads)),
-               triton.cdiv(max(1, max_seq_len), _MIN_SPLIT_TOKENS), MAX_SPLITS)
-    return triton.next_power_of_2(max(1, want))
+    tokens; a power of two so that few variants get compiled. `kv_bytes`: of a cache element."""
+    want = max(1, _TARGET_PROGRAMS // max(1, batch * num_kv_heads))
+    if kv_bytes == 1 and batch < _FP8_DIRECT_BATCH:
+        want = max(want, 2)
+    want = min(want, triton.cdiv(max(1, max_seq_len), _MIN_SPLIT_TOKENS), MAX_SPLITS)
+    return 1 << (want.bit_length() - 1)  # the largest power of two <= want
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
