@@ -70,12 +70,15 @@ def choose_config(num_tokens: int, fp8: bool = False) -> MoeConfig:
         return MoeConfig(16, GemmTile(64, 128, 4, 3), GemmTile(256, 64, 8, 3))
     if fp8 and num_tokens > 1024:
         return MoeConfig(64, GemmTile(128, 64, 8, 4), GemmTile(128, 128, 8, 3))
+    # bf16, H200 sweep (eager, L2 flushed, docs/benchmarks/log/2026-11-26-splits.md): a 256-wide
+    # down tile at 8/16/32 tokens 0.1449/0.2439/0.3051 ms against 0.1501/0.2530/0.3154 with
+    # 64x128; gate_up 128x128 at 256 tokens 0.3289 against 0.3372 ms with 128x64.
     if num_tokens <= 32:
-        return MoeConfig(16, GemmTile(32, 128, 4, 4), GemmTile(64, 128, 4, 4))
+        return MoeConfig(16, GemmTile(32, 128, 4, 4), GemmTile(256, 64, 8, 4))
     if num_tokens <= 128:
         return MoeConfig(16, GemmTile(128, 128, 8, 2), GemmTile(256, 128, 8, 2))
     if num_tokens <= 256:
-        return MoeConfig(32, GemmTile(128, 64, 8, 3), GemmTile(256, 64, 8, 3))
+        return MoeConfig(32, GemmTile(128, 128, 8, 2), GemmTile(256, 64, 8, 3))
     if num_tokens <= 1024:
         return MoeConfig(64, GemmTile(128, 64, 8, 4), GemmTile(256, 64, 8, 4))
     return MoeConfig(128, GemmTile(128, 64, 8, 4), GemmTile(256, 64, 8, 4))
