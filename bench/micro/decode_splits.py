@@ -10,13 +10,15 @@ Per case (model heads x batch x KV dtype x splits) it times `paged_decode` as a 
 median µs a layer call and the K/V bytes read a second. Context lengths follow the offline
 workload in mid-run: prompt randint(100, 1024) plus randint(0, 1024) tokens decoded so far; pages
 of 64 scattered over the pool. `default` is the split count `choose_num_splits` picks for that
-batch. Outputs of every split count are checked against one split's (max |diff| reported; exit
-status 1 past 2e-2). One JSON line per case.
+batch. Outputs of every case are checked against the first one's (max |diff| reported; exit
+status 1 past 2e-2). One JSON line per case. `--block-n/--num-warps/--num-stages` sweep the
+kernel's tile too (every combination with every split count).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
@@ -59,8 +61,9 @@ def make_case(batch: int, hk: int, kv_dtype: torch.dtype, layers: int, seed: int
 
 def time_splits(q: torch.Tensor, caches: Caches,
                 table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, splits: int,
-                iters: int) -> tuple[float, torch.Tensor]:
-    """(µs a layer call, layer 0's output) with `splits` splits."""
+                iters: int, tile: dict[str, int] | None = None) -> tuple[float, torch.Tensor]:
+    """(µs a layer call, layer 0's output) with `splits` splits; `tile`: paged_decode's
+    block_n / num_warps / num_stages where given (else its defaults)."""
     batch, hq, _ = q.shape
     ws = (torch.empty(batch, hq, splits, D, device="cuda"),
           torch.empty(batch, hq, splits, device="cuda"))
@@ -68,7 +71,7 @@ def time_splits(q: torch.Tensor, caches: Caches,
 
     def layer(i: int) -> None:
         paged_decode(q, caches[i][0], caches[i][1], table, rows, seq_lens, D**-0.5, splits,
-                     out=outs[i], workspace=ws)
+                     out=outs[i], workspace=ws, **(tile or {}))
 
     us = graph_us(layer, iters, layers=len(caches))
     layer(0)
@@ -78,7 +81,12 @@ def time_splits(q: torch.Tensor, caches: Caches,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, nargs="+", default=[256, 128, 64, 16])
-    p.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
+                   help="split counts; 0: the one choose_num_splits picks")
+    p.add_argument("--block-n", type=int, nargs="+", default=[None],
+                   help="KV tokens a loop step (kernel default where not given)")
+    p.add_argument("--num-warps", type=int, nargs="+", default=[None])
+    p.add_argument("--num-stages", type=int, nargs="+", default=[None])
     p.add_argument("--models", nargs="+", default=["qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b"],
                    choices=list(MODELS))
     p.add_argument("--kv", nargs="+", default=["bf16", "fp8_e4m3"])
@@ -102,16 +110,29 @@ def main(argv: list[str] | None = None) -> int:
                 q = torch.randn(batch, hq, D, device="cuda", dtype=torch.bfloat16)
                 kv_bytes = 2 * sum(lens) * hk * D * caches[0][0].element_size()
                 ref = None
-                for splits in args.splits:
-                    us, out = time_splits(q, caches, table, rows, seq_lens, splits, args.iters)
+                default = choose_num_splits(batch, hk, MAX_MODEL_LEN,
+                                            caches[0][0].element_size())
+                for splits, bn, warps, stages in itertools.product(
+                        args.splits, args.block_n, args.num_warps, args.num_stages):
+                    tile = {k: v for k, v in (("block_n", bn), ("num_warps", warps),
+                                              ("num_stages", stages)) if v is not None}
+                    splits = splits or default
+                    try:
+                        us, out = time_splits(q, caches, table, rows, seq_lens, splits,
+                                              args.iters, tile)
+                    except Exception as exc:  # a tile past the GPU's shared memory or registers
+                        print(json.dumps({"bench": "decode_splits", "model": model, "kv": kv,
+                                          "batch": batch, "splits": splits, **tile,
+                                          "error": f"{type(exc).__name__}: {exc}"[:200]}))
+                        continue
                     ref = out if ref is None else ref
                     diff = (out.float() - ref.float()).abs().max().item()
                     worst = max(worst, diff)
                     print(json.dumps({
                         "bench": "decode_splits", "model": model, "kv": kv, "batch": batch,
-                        "splits": splits, "default": choose_num_splits(batch, hk, MAX_MODEL_LEN),
+                        "splits": splits, "default": default, **tile,
                         "us": round(us, 1), "tb_s": round(kv_bytes / us / 1e6, 2),
-                        "max_diff_vs_1": round(diff, 5)}), flush=True)
+                        "max_diff_vs_first": round(diff, 5)}), flush=True)
     return 1 if worst > 2e-2 else 0
 
 
