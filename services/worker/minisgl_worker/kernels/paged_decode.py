@@ -29,7 +29,7 @@ _LOG2E = 1.4426950408889634
 # <= _TARGET_PROGRAMS / (batch x KV heads), so one split (the kernel writes the output itself: no
 # fp32 partials, no merge launch) from 1,024 programs on. Fitted on an H200 (bench.micro.
 # decode_splits, batches 16-256, contexts 100-2,048, docs/benchmarks/log/2026-11-26-splits.md):
-# within ~3 % of the best split count at every batch for 4 and 8 KV heads with a bf16 cache,
+# within 4.4 % of the best split count at every power-of-two batch (mostly within 2 %),
 # where the earlier 2,048 took 4 splits at batches 65-128 with 4 KV heads (5-7 % slower) and 2
 # at 128 with 8. An H100 agrees at batches 128/256 (2026-11-26-moe).
 _TARGET_PROGRAMS = 1024
