@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from ..distributed import all_reduce, shard, tp
-from ..kernels import fused_moe as moe_kernels
-from ..kernels.fused_moe import fused_moe, quantize_experts, route
+from ..kernels.fused_moe import fused_moe, quantize_experts, route, warm_up
 from .linear import ReplicatedLinear
 from .weights import WeightSource, check_shape, new_param, read, set_loader, src_shape
 
@@ -72,8 +71,8 @@ class SparseMoeBlock(nn.Module):
             return []
         w13_scale, w2_scale = self.w13_scale, self.w2_scale  # buffers: None or fp32 tensors
         assert not isinstance(w13_scale, nn.Module) and not isinstance(w2_scale, nn.Module)
-        return moe_kernels.warm_up(self.w13, self.w2, self.top_k, dtype,
-                                   w13_scale=w13_scale, w2_scale=w2_scale)
+        return warm_up(self.w13, self.w2, self.top_k, dtype,
+                       w13_scale=w13_scale, w2_scale=w2_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.norm_topk_prob)
