@@ -218,6 +218,7 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                 single_max_pairs: int = SINGLE_ALIGN_MAX_PAIRS) -> Alignment:
     """Group the flat (token, k) pairs by expert, each group padded to a multiple of block_m."""
     from . import fused_moe_kernels as kern
+    from . import pdl
 
     ids = topk_ids.reshape(-1).contiguous()
     num_pairs = ids.numel()
@@ -229,21 +230,23 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int,
     expert_of_block = torch.empty(num_tiles_m, dtype=torch.int32, device=dev)
     num_padded = torch.empty(1, dtype=torch.int32, device=dev)
     e_pad = _next_pow2(num_experts)
+    launch = pdl.options(ids)
     if num_pairs <= single_max_pairs:
         kern.align_single_kernel[(1,)](
             ids, sorted_pairs, expert_of_block, num_padded, num_pairs, num_experts,
-            E_PAD=e_pad, BLOCK_M=block_m, BLOCK=_ALIGN_BLOCK, BLOCK_B=_ALIGN_BLOCK_B, num_warps=4)
+            E_PAD=e_pad, BLOCK_M=block_m, BLOCK=_ALIGN_BLOCK, BLOCK_B=_ALIGN_BLOCK_B, num_warps=4,
+            **launch)
     else:
         scratch = torch.zeros(2 * e_pad, dtype=torch.int32, device=dev)  # counts, cursors
         counts, cursor = scratch[:e_pad], scratch[e_pad:]
         grid = (_cdiv(num_pairs, _ALIGN_BLOCK),)
         kern.count_kernel[grid](ids, counts, num_pairs, num_experts, E_PAD=e_pad,
-                                BLOCK=_ALIGN_BLOCK, num_warps=4)
+                                BLOCK=_ALIGN_BLOCK, num_warps=4, **launch)
         kern.plan_kernel[(1,)](counts, cursor, sorted_pairs, expert_of_block, num_padded,
                                num_pairs, E_PAD=e_pad, BLOCK_M=block_m, BLOCK_B=_ALIGN_BLOCK_B,
-                               num_warps=8)
+                               num_warps=8, **launch)
         kern.place_kernel[grid](ids, cursor, sorted_pairs, num_pairs, num_experts,
-                                BLOCK=_ALIGN_BLOCK, num_warps=4)
+                                BLOCK=_ALIGN_BLOCK, num_warps=4, **launch)
     return Alignment(sorted_pairs, expert_of_block, num_padded, num_tiles_m)
 
 
@@ -264,6 +267,7 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                      w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton path, always (CPU tensors need TRITON_INTERPRET=1 set before the first call)."""
     from . import fused_moe_kernels as kern
+    from . import pdl
 
     _check_args(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale)
     fp8 = w13_scale is not None
@@ -293,7 +297,7 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), act.stride(0),
         TOPK=top_k, BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
         GROUP_M=t.group_m, EVEN_K=hidden_size % t.block_k == 0, PRECISION=precision,
-        FP8=fp8, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype))
+        FP8=fp8, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype), **pdl.options(x))
 
     a, sa = _quantize_rows(act) if fp8 else (act, topk_weights)
     per_pair = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
@@ -305,7 +309,7 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         a.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), per_pair.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
         EVEN_K=inter % t.block_k == 0, PRECISION=precision,
-        FP8=fp8, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype))
+        FP8=fp8, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype), **pdl.options(a))
     from .moe_ops import sum_over_k
 
     # fp32 accumulation, rounded once (as torch's sum of half types)

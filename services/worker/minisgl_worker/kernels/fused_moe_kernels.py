@@ -19,6 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .pdl import begin as _pdl_begin
+
 # --------------------------------------------------------------------------------------------
 # Alignment
 # --------------------------------------------------------------------------------------------
@@ -59,9 +61,11 @@ def _plan_groups(counts, sorted_ptr, expert_of_block_ptr, num_padded_ptr, num_pa
 @triton.jit(do_not_specialize=["num_pairs"])
 def align_single_kernel(ids_ptr, sorted_ptr, expert_of_block_ptr, num_padded_ptr,
                         num_pairs, num_experts, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
+                        BLOCK: tl.constexpr, BLOCK_B: tl.constexpr,
+                        USE_PDL: tl.constexpr = False):
     """All of the alignment in one program (one launch: the decode path). Pairs keep their
     original order inside each expert's group, so the layout is deterministic."""
+    _pdl_begin(USE_PDL)
     counts = tl.zeros([E_PAD], dtype=tl.int32)
     for start in range(0, num_pairs, BLOCK):
         counts += tl.sum(_onehot_chunk(ids_ptr, start, num_pairs, num_experts, E_PAD, BLOCK), 0)
@@ -79,8 +83,9 @@ def align_single_kernel(ids_ptr, sorted_ptr, expert_of_block_ptr, num_padded_ptr
 
 @triton.jit(do_not_specialize=["num_pairs"])
 def count_kernel(ids_ptr, counts_ptr, num_pairs, num_experts, E_PAD: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
     """Many-program histogram into a zeroed counts[E_PAD]."""
+    _pdl_begin(USE_PDL)
     start = tl.program_id(0) * BLOCK
     onehot = _onehot_chunk(ids_ptr, start, num_pairs, num_experts, E_PAD, BLOCK)
     tl.atomic_add(counts_ptr + tl.arange(0, E_PAD), tl.sum(onehot, 0))
@@ -88,7 +93,9 @@ def count_kernel(ids_ptr, counts_ptr, num_pairs, num_experts, E_PAD: tl.constexp
 
 @triton.jit(do_not_specialize=["num_pairs"])
 def plan_kernel(counts_ptr, cursor_ptr, sorted_ptr, expert_of_block_ptr, num_padded_ptr,
-                num_pairs, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr):
+                num_pairs, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr,
+                USE_PDL: tl.constexpr = False):
+    _pdl_begin(USE_PDL)
     experts = tl.arange(0, E_PAD)
     counts = tl.load(counts_ptr + experts)
     starts = _plan_groups(counts, sorted_ptr, expert_of_block_ptr, num_padded_ptr, num_pairs,
@@ -97,9 +104,11 @@ def plan_kernel(counts_ptr, cursor_ptr, sorted_ptr, expert_of_block_ptr, num_pad
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
-def place_kernel(ids_ptr, cursor_ptr, sorted_ptr, num_pairs, num_experts, BLOCK: tl.constexpr):
+def place_kernel(ids_ptr, cursor_ptr, sorted_ptr, num_pairs, num_experts, BLOCK: tl.constexpr,
+                 USE_PDL: tl.constexpr = False):
     """Each pair takes the next free slot of its expert. The order inside a group follows the
     atomics, but every output row is computed independently, so results do not depend on it."""
+    _pdl_begin(USE_PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     e = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1).to(tl.int32)
     ok = (offs < num_pairs) & (e >= 0) & (e < num_experts)
@@ -132,7 +141,7 @@ def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, ex
                    stride_xt, stride_we, stride_wn, stride_se, stride_ot,
                    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-                   PRECISION: tl.constexpr, FP8: tl.constexpr):
+                   PRECISION: tl.constexpr, FP8: tl.constexpr, USE_PDL: tl.constexpr = False):
     """out[pair, n] = silu(x[token] . w_gate[e, n]) * (x[token] . w_up[e, n]) for one tile.
 
     w is [E, 2*inter, hidden] with the gate rows first; a program computes BLOCK_N columns of both
@@ -141,6 +150,7 @@ def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, ex
     fp8 dot added to the fp32 sums (promotion: Hopper's fp8 accumulation alone loses bits), and
     the row scales multiply the sums.
     """
+    _pdl_begin(USE_PDL)
     tile_m, tile_n = _tile_coords(num_tiles_m, inter, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
@@ -196,10 +206,11 @@ def down_kernel(a_ptr, a_scale_ptr, w_ptr, scale_ptr, out_ptr, weights_ptr, sort
                 stride_at, stride_we, stride_wn, stride_se, stride_ot,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                FP8: tl.constexpr):
+                FP8: tl.constexpr, USE_PDL: tl.constexpr = False):
     """out[pair, n] = weight[pair] * (act[pair] . w_down[e, n]); w is [E, hidden, inter]
     (FP8: fp8 act and w rows with a_scale [pairs] and scale [E, hidden], as in gate_up_kernel).
     """
+    _pdl_begin(USE_PDL)
     tile_m, tile_n = _tile_coords(num_tiles_m, hidden, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
         return

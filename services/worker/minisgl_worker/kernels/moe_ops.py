@@ -19,14 +19,17 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+from .pdl import begin as _pdl_begin
+
 
 @triton.jit
 def _route_topk_kernel(
     logits_ptr, weights_ptr, ids_ptr, num_tokens, num_experts,
     stride_l, stride_w, stride_i,
     TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False):
+    _pdl_begin(USE_PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     e = tl.arange(0, BLOCK_E)
     kk = tl.arange(0, BLOCK_K)
@@ -75,13 +78,15 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
         logits, weights, ids, num_tokens, num_experts,
         logits.stride(0), weights.stride(0), ids.stride(0),
         TOP_K=top_k, NORM=norm_topk_prob, BLOCK_T=block_t, BLOCK_E=block_e,
-        BLOCK_K=triton.next_power_of_2(top_k), num_warps=4)
+        BLOCK_K=triton.next_power_of_2(top_k), num_warps=4, **pdl.options(logits))
     return weights, ids
 
 
 @triton.jit
 def _sum_over_k_kernel(x_ptr, out_ptr, hidden, stride_xt, stride_xk, stride_ot,
-                       TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+                       TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                       USE_PDL: tl.constexpr = False):
+    _pdl_begin(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < hidden
@@ -104,5 +109,5 @@ def sum_over_k(per_pair: torch.Tensor) -> torch.Tensor:
     block_h = min(_SUM_BLOCK_H, triton.next_power_of_2(hidden))
     _sum_over_k_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         per_pair, out, hidden, per_pair.stride(0), per_pair.stride(1), out.stride(0),
-        TOP_K=top_k, BLOCK_H=block_h, num_warps=4)
+        TOP_K=top_k, BLOCK_H=block_h, num_warps=4, **pdl.options(per_pair))
     return out
