@@ -38,6 +38,8 @@ E, K, H, INTER = 8, 2, 64, 32
 SMALL = MoeConfig(16, GemmTile(16, 32), GemmTile(32, 32))
 # Many-program alignment, GROUP_M > 1 and K-loops with a ragged tail (H=40, I=24 below).
 WIDE = MoeConfig(32, GemmTile(32, 16, group_m=2), GemmTile(16, 16, group_m=3))
+# The transposed tiles (weights on the MMA's M side), with the same ragged shapes.
+SWAPPED = MoeConfig(16, GemmTile(32, 16, swap_ab=True), GemmTile(16, 16, group_m=2, swap_ab=True))
 PATHS = {"single": 10**9, "multi": 0}  # single_align_max_pairs: one program, or four launches
 
 
@@ -83,10 +85,11 @@ def test_all_pairs_to_one_expert(path: str) -> None:
     check(make(33, ids=torch.full((33, K), 5)), path=path)
 
 
+@pytest.mark.parametrize("config", [WIDE, SWAPPED], ids=["wide", "swapped"])
 @pytest.mark.parametrize("path", PATHS)
-def test_ragged_shapes_and_grouped_tiles(path: str) -> None:
+def test_ragged_shapes_and_grouped_tiles(path: str, config: MoeConfig) -> None:
     # H and I not multiples of the tiles: masked K tails and wrapped columns; E=5 pads to 8.
-    check(make(21, e=5, k=3, h=40, i=24, seed=3), config=WIDE, path=path)
+    check(make(21, e=5, k=3, h=40, i=24, seed=3), config=config, path=path)
 
 
 def test_default_config_and_fp16() -> None:
@@ -161,13 +164,13 @@ def test_matches_hf_qwen3_moe_block(norm: bool) -> None:
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("t, config", [(5, SMALL), (33, None), (21, WIDE)])
+@pytest.mark.parametrize("t, config", [(5, SMALL), (33, None), (21, WIDE), (21, SWAPPED)])
 def test_fp8_experts_match_their_reference(t: int, config: MoeConfig | None, path: str) -> None:
     """fp8 experts: the kernels (fp8 dots of row-quantized inputs and weights, promoted to fp32
     every BLOCK_K slice, scaled) are the reference's fp8 formula up to summation order; against
     the unquantized experts the error is fp8 rounding (3 mantissa bits, a few % of the norm)."""
-    # WIDE: H=40, I=24, E=5, k=3 (masked K tails, wrapped columns, grouped tiles)
-    shape = dict(e=5, k=3, h=40, i=24) if config is WIDE else {}
+    # WIDE/SWAPPED: H=40, I=24, E=5, k=3 (masked K tails, wrapped columns, grouped tiles)
+    shape = dict(e=5, k=3, h=40, i=24) if config in (WIDE, SWAPPED) else {}
     x, w13, w2, ids, w = make(t, seed=20 + t, **shape)
     q13, s13 = quantize_experts(w13)
     q2, s2 = quantize_experts(w2)

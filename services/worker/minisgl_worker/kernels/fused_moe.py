@@ -43,6 +43,7 @@ class GemmTile:
     num_warps: int = 4
     num_stages: int = 3
     group_m: int = 1  # row tiles run back to back per column tile (weight tile reuse in L2)
+    swap_ab: bool = False  # compute w . x^T: weight columns on the MMA's M side (see the kernels)
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,15 @@ def choose_config(num_tokens: int, fp8: bool = False) -> MoeConfig:
     # bf16, H200 sweep (eager, L2 flushed, docs/benchmarks/log/2026-11-26-splits.md): a 256-wide
     # down tile at 8/16/32 tokens 0.1449/0.2439/0.3051 ms against 0.1501/0.2530/0.3154 with
     # 64x128; gate_up 128x128 at 256 tokens 0.3289 against 0.3372 ms with 128x64.
+    # Up to 32 tokens bf16 gate_up runs transposed (swap_ab: wgmma instead of mma.sync for
+    # 16-row tiles): CUDA-graph time of the op 161.5 -> 154.5 us at 8 tokens, 235.0 -> 224.2 at
+    # 16, 287.5 -> 280.2 at 32 (H200); from 64 tokens on no swapped tile gained over 0.7 %. fp8
+    # experts gained 4-5 % too, but their kernel error against the fp8 formula doubled (2.6e-3
+    # -> 5.3e-3: wgmma's fp8 accumulator is narrower), so they keep mma.sync.
     if num_tokens <= 32:
-        return MoeConfig(16, GemmTile(32, 128, 4, 4), GemmTile(256, 64, 8, 4))
+        swapped = not fp8
+        return MoeConfig(16, GemmTile(64 if swapped else 32, 128, 4, 4, swap_ab=swapped),
+                         GemmTile(256, 64, 8, 4))
     if num_tokens <= 128:
         return MoeConfig(16, GemmTile(128, 128, 8, 2), GemmTile(256, 128, 8, 2))
     if num_tokens <= 256:
@@ -297,7 +305,8 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), act.stride(0),
         TOPK=top_k, BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
         GROUP_M=t.group_m, EVEN_K=hidden_size % t.block_k == 0, PRECISION=precision,
-        FP8=fp8, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype), **pdl.options(x))
+        FP8=fp8, SWAP_AB=t.swap_ab, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype),
+        **pdl.options(x))
 
     a, sa = _quantize_rows(act) if fp8 else (act, topk_weights)
     per_pair = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
@@ -309,7 +318,8 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         a.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), per_pair.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
         EVEN_K=inter % t.block_k == 0, PRECISION=precision,
-        FP8=fp8, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype), **pdl.options(a))
+        FP8=fp8, SWAP_AB=t.swap_ab, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype),
+        **pdl.options(a))
     from .moe_ops import sum_over_k
 
     # fp32 accumulation, rounded once (as torch's sum of half types)

@@ -141,7 +141,8 @@ def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, ex
                    stride_xt, stride_we, stride_wn, stride_se, stride_ot,
                    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-                   PRECISION: tl.constexpr, FP8: tl.constexpr, USE_PDL: tl.constexpr = False):
+                   PRECISION: tl.constexpr, FP8: tl.constexpr, SWAP_AB: tl.constexpr = False,
+                   USE_PDL: tl.constexpr = False):
     """out[pair, n] = silu(x[token] . w_gate[e, n]) * (x[token] . w_up[e, n]) for one tile.
 
     w is [E, 2*inter, hidden] with the gate rows first; a program computes BLOCK_N columns of both
@@ -149,6 +150,9 @@ def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, ex
     FP8: x and w hold fp8 rows (x_scale [T], scale [E, 2*inter]): each BLOCK_K slice is its own
     fp8 dot added to the fp32 sums (promotion: Hopper's fp8 accumulation alone loses bits), and
     the row scales multiply the sums.
+    SWAP_AB computes the transposed tile, w [BLOCK_N, K] . x^T [K, BLOCK_M], so that the weight
+    columns fill the tensor-core instruction's M side (Hopper's wgmma needs 64 rows a warpgroup;
+    a decode tile has 16-32 pair rows), the same sums in the same order.
     """
     _pdl_begin(USE_PDL)
     tile_m, tile_n = _tile_coords(num_tiles_m, inter, BLOCK_N, GROUP_M)
@@ -163,12 +167,17 @@ def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, ex
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     w_rows = (offs_n % inter).to(tl.int64)  # wrap past the edge; those columns are not stored
-    a_ptrs = x_ptr + token[:, None] * stride_xt + offs_k[None, :]
-    g_ptrs = w_ptr + expert * stride_we + w_rows[None, :] * stride_wn + offs_k[:, None]
+    w_base = w_ptr + expert * stride_we
+    if SWAP_AB:  # a [BLOCK_K, BLOCK_M], g/u [BLOCK_N, BLOCK_K]
+        a_ptrs = x_ptr + token[None, :] * stride_xt + offs_k[:, None]
+        g_ptrs = w_base + w_rows[:, None] * stride_wn + offs_k[None, :]
+        acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:  # a [BLOCK_M, BLOCK_K], g/u [BLOCK_K, BLOCK_N]
+        a_ptrs = x_ptr + token[:, None] * stride_xt + offs_k[None, :]
+        g_ptrs = w_base + w_rows[None, :] * stride_wn + offs_k[:, None]
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u_ptrs = g_ptrs + inter * stride_wn
-
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros_like(acc_g)
     for k0 in range(0, hidden, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -176,19 +185,32 @@ def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, ex
             u = tl.load(u_ptrs)
         else:
             k_ok = offs_k < hidden - k0
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
-            u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
-        if FP8:
-            acc_g += tl.dot(a, g)
-            acc_u += tl.dot(a, u)
+            k_a = k_ok[:, None] if SWAP_AB else k_ok[None, :]
+            k_w = k_ok[None, :] if SWAP_AB else k_ok[:, None]
+            a = tl.load(a_ptrs, mask=k_a, other=0.0)
+            g = tl.load(g_ptrs, mask=k_w, other=0.0)
+            u = tl.load(u_ptrs, mask=k_w, other=0.0)
+        if SWAP_AB:
+            if FP8:
+                acc_g += tl.dot(g, a)
+                acc_u += tl.dot(u, a)
+            else:
+                acc_g = tl.dot(g, a, acc_g, input_precision=PRECISION)
+                acc_u = tl.dot(u, a, acc_u, input_precision=PRECISION)
         else:
-            acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+            if FP8:
+                acc_g += tl.dot(a, g)
+                acc_u += tl.dot(a, u)
+            else:
+                acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+                acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
 
+    if SWAP_AB:  # back to [BLOCK_M, BLOCK_N] for the epilogue
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     if FP8:
         sx = tl.load(x_scale_ptr + token)[:, None]
         s_ptrs = scale_ptr + expert * stride_se + w_rows
@@ -206,9 +228,10 @@ def down_kernel(a_ptr, a_scale_ptr, w_ptr, scale_ptr, out_ptr, weights_ptr, sort
                 stride_at, stride_we, stride_wn, stride_se, stride_ot,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                FP8: tl.constexpr, USE_PDL: tl.constexpr = False):
+                FP8: tl.constexpr, SWAP_AB: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """out[pair, n] = weight[pair] * (act[pair] . w_down[e, n]); w is [E, hidden, inter]
-    (FP8: fp8 act and w rows with a_scale [pairs] and scale [E, hidden], as in gate_up_kernel).
+    (FP8: fp8 act and w rows with a_scale [pairs] and scale [E, hidden]; SWAP_AB: the transposed
+    tile; both as in gate_up_kernel).
     """
     _pdl_begin(USE_PDL)
     tile_m, tile_n = _tile_coords(num_tiles_m, hidden, BLOCK_N, GROUP_M)
@@ -222,25 +245,38 @@ def down_kernel(a_ptr, a_scale_ptr, w_ptr, scale_ptr, out_ptr, weights_ptr, sort
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     w_rows = (offs_n % hidden).to(tl.int64)
-    a_ptrs = a_ptr + safe_rows[:, None] * stride_at + offs_k[None, :]
-    b_ptrs = w_ptr + expert * stride_we + w_rows[None, :] * stride_wn + offs_k[:, None]
-
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    w_base = w_ptr + expert * stride_we
+    if SWAP_AB:  # a [BLOCK_K, BLOCK_M], b [BLOCK_N, BLOCK_K]
+        a_ptrs = a_ptr + safe_rows[None, :] * stride_at + offs_k[:, None]
+        b_ptrs = w_base + w_rows[:, None] * stride_wn + offs_k[None, :]
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:  # a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N]
+        a_ptrs = a_ptr + safe_rows[:, None] * stride_at + offs_k[None, :]
+        b_ptrs = w_base + w_rows[None, :] * stride_wn + offs_k[:, None]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, inter, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
             k_ok = offs_k < inter - k0
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-        if FP8:
-            acc += tl.dot(a, b)
+            a = tl.load(a_ptrs, mask=k_ok[:, None] if SWAP_AB else k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[None, :] if SWAP_AB else k_ok[:, None], other=0.0)
+        if SWAP_AB:
+            if FP8:
+                acc += tl.dot(b, a)
+            else:
+                acc = tl.dot(b, a, acc, input_precision=PRECISION)
         else:
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            if FP8:
+                acc += tl.dot(a, b)
+            else:
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
 
+    if SWAP_AB:
+        acc = tl.trans(acc)
     if FP8:
         acc *= tl.load(a_scale_ptr + safe_rows)[:, None]
         acc *= tl.load(scale_ptr + expert * stride_se + w_rows)[None, :]
