@@ -74,3 +74,39 @@ def test_moe_kernels_compile_nothing_after_warm_up() -> None:
         torch.cuda.synchronize()
     count, ms, kernels = stalls["triton_compiles"]
     assert count == 0, f"{count} compiles ({ms} ms) after the warm-up: {kernels}"
+
+
+def test_first_requests_compile_nothing_after_warm_up(tmp_path) -> None:
+    """After the engine's start-up (graph capture and `warm_up_prefill`) the first requests
+    compile no Triton kernel: greedy, with a temperature, with top-p or top-k and logprobs (the
+    fp32 path of processors, penalties and logprobs), prompts under and over 32 tokens (the
+    two tiles of the Triton prefill kernel), in batches of several widths. Before, the
+    sampler's kernels compiled on each path's first batch, and the prefill kernel on the first
+    batch whose page table's width fell in another class (1, a multiple of 16, other)."""
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_worker.engine import Engine, EngineConfig
+    from worker.driver import run_requests
+    from worker.tiny_models import save_tiny
+
+    path = save_tiny("qwen3", tmp_path / "qwen3")
+    page = 64  # the GPU default: the warm-up prefills 8 and 64 tokens
+    # (the tiny model's head_dim of 16 has no FlashInfer kernels)
+    engine = Engine(EngineConfig(model_path=str(path), device="cuda", dtype="bfloat16",
+                                 page_size=page, num_pages=256, max_slots=4, cuda_graph_max_bs=4,
+                                 attention_backend="triton"))
+    try:
+        torch.cuda.synchronize()
+        prompts = [[(7 * i + 3) % 512 for i in range(n)] for n in (9, 3, 40, 70)]
+        stalls: dict = {}
+        with host_stalls(stalls):
+            for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8),
+                           SamplingParams(temperature=0.8, top_p=0.5, seed=3),
+                           SamplingParams(temperature=0.8, top_k=5, logprobs=True)):
+                for batch in (prompts[:2], prompts[1:], prompts[3:]):
+                    outs = run_requests(engine, batch, 6, page, params=params)
+                    assert [len(o) for o in outs] == [6] * len(batch)
+            torch.cuda.synchronize()
+        count, ms, kernels = stalls["triton_compiles"]
+        assert count == 0, f"{count} compiles ({ms} ms) after start-up: {kernels}"
+    finally:
+        engine.close()

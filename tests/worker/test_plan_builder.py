@@ -126,3 +126,29 @@ def test_fast_validation_never_accepts_what_the_walk_refuses(seed: int) -> None:
             b.build(plan)
     assert refused > 20  # the generator does produce bad plans
     assert np.all(b.pages_len >= 0)
+
+
+@pytest.mark.parametrize("prompt_lens", [[1], [3, 5], [2, 7, 1], [9, 4, 6, 1, 2]])
+def test_uploaded_pieces_start_16_byte_aligned(prompt_lens: list[int]) -> None:
+    """Every metadata tensor of a step starts on a 16-byte boundary whatever the batch's sizes
+    (Triton compiles a kernel variant per pointer alignment: pieces packed end to end moved it
+    with the sizes, and a GPU server compiled a second prefill-attention variant mid-run)."""
+    b = _builder()
+    reqs = []
+    for slot, n in enumerate(prompt_lens):
+        pages = list(range(slot * 6, slot * 6 + -(-(n + 8) // PS)))
+        reqs.append(ReqPlan(slot, slot, 0, [1] * n, 0, pages,
+                            sampling=SamplingParams(temperature=0.0)))
+    plan = StepPlan(0, reqs)
+    b.validate(plan)
+    step, _ = b.build(plan)
+    tensors = [v for v in vars(step.batch).values() if isinstance(v, torch.Tensor)]
+    tensors += [v for v in vars(step).values() if isinstance(v, torch.Tensor)]
+    device_side = [t for t in tensors if t.dtype in (torch.int32, torch.int64) and t.numel()]
+    assert len(device_side) >= 8
+    assert all(t.data_ptr() % 16 == 0 for t in device_side), [
+        (t.dtype, t.shape, t.data_ptr() % 16) for t in device_side if t.data_ptr() % 16]
+    # and the values are those of the parts, not of the padding between them
+    n = sum(prompt_lens)
+    assert step.batch.positions.tolist() == [i for p in prompt_lens for i in range(p)]
+    assert step.batch.extend_lens.tolist() == prompt_lens and step.batch.num_tokens == n

@@ -258,12 +258,20 @@ class PlanBuilder:
         waiting; returns the device and the host pieces, split like `parts`. On CUDA the host
         side is a reused pinned buffer (`PinnedRing`): its pieces are valid during this launch."""
         sizes = [len(p) for p in parts]
+        # Every piece starts on a 16-byte boundary: Triton specialises a pointer argument on
+        # that alignment, so pieces at offsets that follow the batch's sizes made kernels reading
+        # them (prefill attention, KV stores) compile a second variant mid-serving, the first
+        # time a batch shifted one (tests/gpu/test_compiles.py).
+        align = _ALIGN_BYTES // np.dtype(dtype).itemsize
+        starts = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([-(-n // align) * align for n in sizes], out=starts[1:])
         if self._ring is not None:
-            host, dev = self._ring.upload(parts, dtype)
+            host, dev = self._ring.upload(parts, starts, dtype)
         else:
-            host = torch.from_numpy(np.concatenate(parts).astype(dtype, copy=False))
+            host = torch.empty(int(starts[-1]), dtype=_TORCH_DTYPE[np.dtype(dtype)])
+            _pack(host.numpy(), parts, starts)
             dev = host.to(self.device)
-        return list(dev.split(sizes)), list(host.split(sizes))
+        return _pieces(dev, starts, sizes), _pieces(host, starts, sizes)
 
 
 class PinnedRing:
@@ -280,13 +288,15 @@ class PinnedRing:
         self._events: list[torch.cuda.Event | None] = [None] * depth
         self._next = 0
 
-    def upload(self, parts: list[np.ndarray], dtype: type) -> tuple[torch.Tensor, torch.Tensor]:
+    def upload(self, parts: list[np.ndarray], starts: np.ndarray, dtype: type
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`parts` packed at element offsets `starts` (one more than the parts: the end)."""
         i = self._next
         self._next = (i + 1) % len(self._bufs)
         event = self._events[i]
         if event is not None:
             event.synchronize()
-        count = sum(len(p) for p in parts)
+        count = int(starts[-1])
         nbytes = count * np.dtype(dtype).itemsize
         buf = self._bufs[i]
         if buf is None or buf.numel() < nbytes:
@@ -294,7 +304,7 @@ class PinnedRing:
             buf = self._bufs[i] = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         host = buf[:nbytes].view(_TORCH_DTYPE[np.dtype(dtype)])
         if count:
-            np.concatenate(parts, out=host.numpy(), casting="unsafe")
+            _pack(host.numpy(), parts, starts)
         dev = host.to(self.device, non_blocking=True)
         event = self._events[i] = torch.cuda.Event()
         event.record()
@@ -302,3 +312,13 @@ class PinnedRing:
 
 
 _TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
+_ALIGN_BYTES = 16
+
+
+def _pack(out: np.ndarray, parts: list[np.ndarray], starts: np.ndarray) -> None:
+    for part, start in zip(parts, starts.tolist(), strict=False):
+        out[start:start + len(part)] = part  # cast to out's dtype (the ids fit it)
+
+
+def _pieces(t: torch.Tensor, starts: np.ndarray, sizes: list[int]) -> list[torch.Tensor]:
+    return [t.narrow(0, start, n) for start, n in zip(starts.tolist(), sizes, strict=False)]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
+from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import ReqPlan, StepPlan
 
 from .. import distributed as dist
@@ -45,6 +46,11 @@ if TYPE_CHECKING:
     from .cuda_graph import CudaGraphRunner
 
 log = logging.getLogger(__name__)
+# One draw on each sampler path, to compile its kernels at start-up (`_warm_up_sampler`).
+# Seeded: a slot without a seed would take one from the sampler's generator, moving the seeds
+# that later unseeded requests get.
+_WARM_UP_DRAWS = (SamplingParams(temperature=0.0, seed=0), SamplingParams(temperature=0.7, seed=0),
+                  SamplingParams(temperature=0.7, top_p=0.9, seed=0))
 
 
 @dataclass
@@ -193,19 +199,23 @@ class ModelRunner:
                                logits=logits)
 
     @torch.inference_mode()
-    def warm_up_prefill(self, num_tokens: int = 8) -> float:
-        """One throwaway prefill of `num_tokens` tokens into page 0, before any request: the
-        prefill attention kernels compile (FlashInfer JIT-compiles them on first use, a minute
-        for FA3 on a machine without its cache) at start-up, where the startup probe waits,
-        instead of inside the first request; so do the MoE experts' kernels at every tile config
-        (`fused_moe.warm_up`). Decode kernels compile in graph capture. Every
-        rank runs it (its TP collectives match); the slot and page it used are left as at
-        start. Returns the seconds it took."""
+    def warm_up_prefill(self, num_tokens: tuple[int, ...] = (8, 64)) -> float:
+        """Throwaway prefills into page 0 before any request, one of each of `num_tokens` tokens
+        (as far as a page holds them: 8 and 64 take both of the Triton prefill kernel's tile
+        variants): the prefill attention kernels compile (FlashInfer JIT-compiles them on first
+        use, a minute for FA3 on a machine without its cache) at start-up, where the startup
+        probe waits, instead of inside the first request; so do the sampler's kernels
+        (`_warm_up_sampler`) and the MoE experts' kernels at every tile config
+        (`fused_moe.warm_up`). Decode kernels compile in graph capture. Every rank runs it (its
+        TP collectives match); the slot and page it used are left as at start. Returns the
+        seconds it took."""
         started = time.perf_counter()
-        n = max(1, min(num_tokens, self.page_size, self.max_model_len))
-        plan = StepPlan(step_id=-1, reqs=[ReqPlan(rid=-1, slot=0, cache_len=0,
-                                                  input_ids=[0] * n, new_pages=[0])])
-        self.run_logits(plan)
+        sizes = sorted({max(1, min(n, self.page_size, self.max_model_len)) for n in num_tokens})
+        for n in sizes:
+            plan = StepPlan(step_id=-1, reqs=[ReqPlan(rid=-1, slot=0, cache_len=0,
+                                                      input_ids=[0] * n, new_pages=[0])])
+            hidden, _ = self._forward(self._upload(plan), use_graph=False)
+        self._warm_up_sampler(hidden)
         # MoE tile configs go by the step's token count: compile those this prefill missed.
         moe = next((m for m in self.model.modules() if isinstance(m, SparseMoeBlock)), None)
         if moe is not None and (counts := moe.warm_up_kernels(self.dtype)):
@@ -279,24 +289,46 @@ class ModelRunner:
         """Logits of the sampling rows (from `out`, hidden states or a graph's logits) and the
         draw. In the activation dtype: the sampler reads it directly on its fast paths. With a
         vocabulary shard, a batch the sampler can draw per shard never gathers the logits."""
-        shard = self.vocab_shard
-        plan = self.sampler.shard_plan(step.sample_slots_host) if shard is not None else None
         if not is_logits:
-            hidden = out[step.batch.sample_indices]
-            logits = (self.model.compute_local_logits(hidden) if shard is not None
-                      else self.model.compute_logits(hidden, fp32=False))
+            logits = self._logits(out[step.batch.sample_indices])
         elif all_rows:  # every row samples: the leading rows, no copy
             logits = out[: len(step.sample_rids)]
         else:
             logits = out[step.batch.sample_indices]
+        return self._draw(logits, step.sample_slots, step.sample_positions,
+                          step.sample_slots_host)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of these rows as the graphs leave them: the activation dtype, and this
+        rank's vocabulary shard at TP > 1."""
+        if self.vocab_shard is not None:
+            return self.model.compute_local_logits(hidden)
+        return self.model.compute_logits(hidden, fp32=False)
+
+    def _draw(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+              host_slots: list[int]) -> SampleOutput:
+        shard = self.vocab_shard
+        plan = self.sampler.shard_plan(host_slots) if shard is not None else None
         if shard is not None and plan is not None:
-            return self.sampler.sample_sharded(logits, step.sample_slots, step.sample_positions,
-                                               step.sample_slots_host, shard, exchange_best,
-                                               plan=plan)
+            return self.sampler.sample_sharded(logits, slots, positions, host_slots, shard,
+                                               exchange_best, plan=plan)
         if shard is not None:  # this rank's shard (graph or eager): the full vocabulary
             logits = self.model.gather_logits(logits)
-        return self.sampler.sample(logits, step.sample_slots, step.sample_positions,
-                                   host_slots=step.sample_slots_host)
+        return self.sampler.sample(logits, slots, positions, host_slots=host_slots)
+
+    def _warm_up_sampler(self, hidden: torch.Tensor) -> None:
+        """Draw once from slot 0 on each of the sampler's kernel paths (greedy, temperature
+        only, and the fp32 path that top-p/top-k/min-p, penalties and logprobs take), so that
+        their Triton kernels compile at start-up rather than stall the first batch that needs
+        one. Every rank draws the same (a sharded draw's exchange is a collective). Slot 0 is
+        left with default parameters; a request's first chunk sets its slot's anyway."""
+        rows = hidden[-1:]
+        slots = torch.zeros(1, dtype=torch.int64, device=self.device)
+        host = [0]
+        for params in _WARM_UP_DRAWS:
+            self.sampler.set_slot(0, params, num_prompt_tokens=0)
+            self._draw(self._logits(rows), slots, slots, host)
+        self.sampler.set_slot(0, SamplingParams(seed=0))
 
     def _upload(self, plan: StepPlan, pad_for_graph: bool = False) -> DeviceStep:
         """Host mirrors -> device: the step's metadata, page-table writes, decode inputs. With

@@ -51,7 +51,9 @@ def _split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr):
     return tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
 
 
-@triton.jit
+# stride_pt: eager decode steps ship page tables as wide as the batch's widest row; see
+# paged_extend's kernel.
+@triton.jit(do_not_specialize=["stride_pt"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
     out_ptr, qk_scale, num_splits,

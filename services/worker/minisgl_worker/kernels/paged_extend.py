@@ -18,7 +18,10 @@ import triton.language as tl
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# The page table's row stride is the widest row of the step's batch: not specialised (Triton
+# compiles a variant per value class of an int, 1 / a multiple of 16 / other), or a server's
+# first batches of each class stall while one compiles (tests/gpu/test_compiles.py).
+@triton.jit(do_not_specialize=["stride_pt"])
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, rows_ptr, cu_q_ptr, prefix_ptr,
     qk_scale,
