@@ -135,6 +135,23 @@ def _tile_coords(num_tiles_m, num_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.const
     return tile_m, tile_n
 
 
+@triton.jit
+def _dot_acc(acc, a, w, SWAP_AB: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + a . w, or with SWAP_AB the transposed tile's acc + w . a. An fp8 slice's product is
+    added to the fp32 sums on its own (promotion: Hopper's fp8 accumulation alone loses bits)."""
+    if SWAP_AB:
+        if FP8:
+            acc += tl.dot(w, a)
+        else:
+            acc = tl.dot(w, a, acc, input_precision=PRECISION)
+    else:
+        if FP8:
+            acc += tl.dot(a, w)
+        else:
+            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    return acc
+
+
 @triton.jit(do_not_specialize=["num_pairs", "num_tiles_m"])
 def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, expert_of_block_ptr,
                    num_padded_ptr, num_pairs, hidden, inter, num_tiles_m,
@@ -190,20 +207,8 @@ def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, ex
             a = tl.load(a_ptrs, mask=k_a, other=0.0)
             g = tl.load(g_ptrs, mask=k_w, other=0.0)
             u = tl.load(u_ptrs, mask=k_w, other=0.0)
-        if SWAP_AB:
-            if FP8:
-                acc_g += tl.dot(g, a)
-                acc_u += tl.dot(u, a)
-            else:
-                acc_g = tl.dot(g, a, acc_g, input_precision=PRECISION)
-                acc_u = tl.dot(u, a, acc_u, input_precision=PRECISION)
-        else:
-            if FP8:
-                acc_g += tl.dot(a, g)
-                acc_u += tl.dot(a, u)
-            else:
-                acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
-                acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+        acc_g = _dot_acc(acc_g, a, g, SWAP_AB, FP8, PRECISION)
+        acc_u = _dot_acc(acc_u, a, u, SWAP_AB, FP8, PRECISION)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
@@ -262,16 +267,7 @@ def down_kernel(a_ptr, a_scale_ptr, w_ptr, scale_ptr, out_ptr, weights_ptr, sort
             k_ok = offs_k < inter - k0
             a = tl.load(a_ptrs, mask=k_ok[:, None] if SWAP_AB else k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[None, :] if SWAP_AB else k_ok[:, None], other=0.0)
-        if SWAP_AB:
-            if FP8:
-                acc += tl.dot(b, a)
-            else:
-                acc = tl.dot(b, a, acc, input_precision=PRECISION)
-        else:
-            if FP8:
-                acc += tl.dot(a, b)
-            else:
-                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = _dot_acc(acc, a, b, SWAP_AB, FP8, PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
 
