@@ -46,6 +46,28 @@ _DECODE_PTRS = {"page_table_ptr": "*i32", "rows_ptr": "*i32", "seq_lens_ptr": "*
                 "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32"}
 _FP8 = "*fp8e4nv"
 
+_MOE_TILE_PTRS = {"sorted_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}
+
+
+def _gate_up_case(tile: dict[str, Any], fp8: bool, warps: int, stages: int) -> Case:
+    """fused_moe_kernels.gate_up_kernel with BLOCK_K 128 and `tile`'s other constexprs."""
+    x = _FP8 if fp8 else "*bf16"
+    return Case("fused_moe_kernels", "gate_up_kernel",
+                {"TOPK": 8, "BLOCK_K": 128, "EVEN_K": True, "PRECISION": "tf32", "FP8": fp8,
+                 **tile, **_PDL},
+                {"x_ptr": x, "w_ptr": x, "x_scale_ptr": "*fp32", "scale_ptr": "*fp32",
+                 **_MOE_TILE_PTRS}, {}, {"num_warps": warps, "num_stages": stages})
+
+
+def _down_case(tile: dict[str, Any], warps: int, stages: int) -> Case:
+    """fused_moe_kernels.down_kernel (bf16) with BLOCK_K 64 and `tile`'s other constexprs."""
+    return Case("fused_moe_kernels", "down_kernel",
+                {"BLOCK_K": 64, "EVEN_K": True, "PRECISION": "tf32", "FP8": False, **tile,
+                 **_PDL},
+                {"a_scale_ptr": "*fp32", "scale_ptr": "*fp32", "weights_ptr": "*fp32",
+                 **_MOE_TILE_PTRS}, {}, {"num_warps": warps, "num_stages": stages})
+
+
 CASES = [
     Case("all_reduce_kernels", "barrier_all_reduce", {"WORLD": 2, "BLOCK": 1024},
          {"flag_ptrs": "*i64", "counter_ptr": "*i32"}, _DELTAS),
@@ -128,33 +150,12 @@ CASES = [
           "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}, {}, {"num_warps": 8}),
     Case("fused_moe_kernels", "place_kernel", {"BLOCK": 64, **_PDL},
          {"ids_ptr": "*i64", "cursor_ptr": "*i32", "sorted_ptr": "*i32"}),
-    *(Case("fused_moe_kernels", "gate_up_kernel",
-           {"TOPK": 8, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 4,
-            "EVEN_K": True, "PRECISION": "tf32", "FP8": fp8, **_PDL},
-           {"x_ptr": _FP8 if fp8 else "*bf16", "w_ptr": _FP8 if fp8 else "*bf16",
-            "x_scale_ptr": "*fp32", "scale_ptr": "*fp32", "sorted_ptr": "*i32",
-            "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}, {},
-           {"num_warps": 4, "num_stages": 4}) for fp8 in (False, True)),
-    Case("fused_moe_kernels", "down_kernel",
-         {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "EVEN_K": True,
-          "PRECISION": "tf32", "FP8": False, **_PDL},
-         {"a_scale_ptr": "*fp32", "scale_ptr": "*fp32", "weights_ptr": "*fp32",
-          "sorted_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}, {},
-         {"num_warps": 4, "num_stages": 3}),
+    *(_gate_up_case(dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=4), fp8, 4, 4) for fp8 in (False, True)),
+    _down_case(dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=4), 4, 3),
     # Decode tiles, transposed (SWAP_AB): weight columns on wgmma's M side.
-    *(Case("fused_moe_kernels", "gate_up_kernel",
-           {"TOPK": 8, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1,
-            "EVEN_K": True, "PRECISION": "tf32", "FP8": fp8, "SWAP_AB": True, **_PDL},
-           {"x_ptr": _FP8 if fp8 else "*bf16", "w_ptr": _FP8 if fp8 else "*bf16",
-            "x_scale_ptr": "*fp32", "scale_ptr": "*fp32", "sorted_ptr": "*i32",
-            "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}, {},
-           {"num_warps": 8, "num_stages": 3}) for fp8 in (False, True)),
-    Case("fused_moe_kernels", "down_kernel",
-         {"BLOCK_M": 32, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 1, "EVEN_K": True,
-          "PRECISION": "tf32", "FP8": False, "SWAP_AB": True, **_PDL},
-         {"a_scale_ptr": "*fp32", "scale_ptr": "*fp32", "weights_ptr": "*fp32",
-          "sorted_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}, {},
-         {"num_warps": 8, "num_stages": 3}),
+    *(_gate_up_case(dict(BLOCK_M=16, BLOCK_N=128, GROUP_M=1, SWAP_AB=True), fp8, 8, 3)
+      for fp8 in (False, True)),
+    _down_case(dict(BLOCK_M=32, BLOCK_N=256, GROUP_M=1, SWAP_AB=True), 8, 3),
     Case("fp8_gemm", "_fp8_gemm_kernel",
          {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "ACC_MODE": 1, **_PDL},
          {"a_ptr": _FP8, "b_ptr": _FP8, "sa_ptr": "*fp32", "sb_ptr": "*fp32"}, {},
