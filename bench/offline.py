@@ -75,6 +75,8 @@ def main() -> int:
                    help="TP: every all-reduce through NCCL (the before of an A/B)")
     p.add_argument("--custom-all-reduce-max-mb", type=int, default=None,
                    help="TP: largest message (MiB) for the custom all-reduce (default: engine's)")
+    p.add_argument("--two-shot-max-tokens", type=int, default=None,
+                   help="TP: largest step (tokens) of the fused two-shot all-reduce; 0: NCCL")
     p.add_argument("--disable-sharded-sampling", action="store_true",
                    help="TP: gather the full logits for every draw (the before of an A/B)")
     p.add_argument("--num-seqs", type=int, default=256)
@@ -125,6 +127,8 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         kwargs["disable_sharded_sampling"] = True
     if args.custom_all_reduce_max_mb:
         kwargs["custom_all_reduce_max_mb"] = args.custom_all_reduce_max_mb
+    if args.two_shot_max_tokens is not None:
+        kwargs["two_shot_max_tokens"] = args.two_shot_max_tokens
     llm = LLM(args.model, **kwargs)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
               for n in out_lens]
@@ -152,6 +156,7 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         # None: the engine's default (lamport; --custom-all-reduce-max-mb's default)
         "all_reduce_protocol": os.environ.get("MINISGL_ALL_REDUCE_PROTOCOL"),
         "custom_all_reduce_max_mb": args.custom_all_reduce_max_mb,
+        "two_shot_max_tokens": args.two_shot_max_tokens,
         "sharded_sampling": args.tp_size > 1 and not args.disable_sharded_sampling,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "input_tokens": sum(map(len, prompts)), "output_tokens": produced,

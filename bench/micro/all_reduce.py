@@ -6,8 +6,9 @@ first (bf16 and fp32, odd sizes alternating call to call, eager and graph-replay
     python -m bench.micro.all_reduce --world 2 [--json FILE]
 
 One JSON line per size: {"bytes", "nccl_us", "custom_us", "speedup", "ar_then_norm_us",
-"fused_norm_us"} for the default (Lamport) protocol, and "barrier_us" / "barrier_fused_norm_us"
-for the flag-barrier one; exits 1 if a check fails.
+"fused_norm_us"} for the default (Lamport) protocol, "barrier_us" / "barrier_fused_norm_us"
+for the flag-barrier one, and from 1 MiB "nccl_then_norm_us" / "two_shot_norm_us" (NCCL and the
+fused add+RMSNorm kernel, against kernels/two_shot.py); exits 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -99,6 +100,38 @@ def _check_add_rmsnorm(ar: Any, rank: int, device: torch.device) -> list[str]:
     return bad
 
 
+def _check_two_shot(ts: Any, rank: int, device: torch.device) -> list[str]:
+    """The two-shot fused kernel against NCCL's sum followed by the fused add+RMSNorm kernel:
+    the new residual bit for bit (on two ranks NCCL's bf16 sum is one rounded addition, as
+    ours), the normed rows within bf16 rounding; row counts that split unevenly over the ranks
+    and programs, alternating call to call."""
+    from minisgl_worker.kernels import fused_ops
+
+    bad = []
+    for rows, d in ((1, 4096), (4097, 4096), (3, 1024), (1000, 4096), (2049, 1024), (8, 4096)):
+        g = torch.Generator(device=device).manual_seed(rows * 11 + rank)
+        x = torch.randn(rows, d, generator=g, device=device).to(torch.bfloat16)
+        shared = torch.Generator(device=device).manual_seed(rows + d)  # alike on every rank
+        res = torch.randn(rows, d, generator=shared, device=device).to(torch.bfloat16)
+        w = torch.rand(d, generator=shared, device=device).to(torch.bfloat16) + 0.5
+        summed, res_ref = x.clone(), res.clone()
+        dist.all_reduce(summed)
+        want = fused_ops.rmsnorm(summed, w, 1e-6, residual=res_ref)
+        res_got, x_in = res.clone(), x.clone()
+        got = ts.add_rmsnorm(x, res_got, w, 1e-6)
+        if not torch.equal(x, x_in):
+            bad.append(f"two-shot rows={rows} d={d}: the input changed")
+        if not torch.equal(res_got, res_ref):
+            bad.append(f"two-shot rows={rows} d={d}: residual differs")
+        err = (got.float() - want.float()).abs().max().item()
+        if err > 2e-2 * want.float().abs().max().item():
+            bad.append(f"two-shot rows={rows} d={d}: out max err {err}")
+        elif rank == 0:
+            print(f"two-shot rows={rows} d={d}: residual exact, out "
+                  f"{'exact' if torch.equal(got, want) else f'max err {err:.3g}'}", flush=True)
+    return bad
+
+
 def _time(fn: Any, x: torch.Tensor, ops: int) -> float:
     """Microseconds per all-reduce inside a graph of `ops` of them (the ranks replay their
     graphs together: every all-reduce in them waits for the other ranks)."""
@@ -121,8 +154,24 @@ def _time_norms(ar: Any, x: torch.Tensor, ops: int, device: torch.device) -> dic
             "fused_norm_us": round(_time(one, x, ops), 2)}
 
 
+def _time_two_shot(ts: Any, x: torch.Tensor, ops: int, device: torch.device) -> dict[str, float]:
+    """A prefill layer's tail: NCCL's all-reduce then add+RMSNorm, against the two-shot kernel."""
+    from minisgl_worker.kernels import fused_ops
+
+    res, w = torch.zeros_like(x), torch.ones(x.shape[1], dtype=x.dtype, device=device)
+
+    def nccl(t: torch.Tensor) -> None:
+        dist.all_reduce(t)
+        fused_ops.rmsnorm(t, w, 1e-6, residual=res)
+
+    return {"nccl_then_norm_us": round(_time(nccl, x, ops), 2),
+            "two_shot_norm_us": round(_time(lambda t: ts.add_rmsnorm(t, res, w, 1e-6), x, ops),
+                                      2)}
+
+
 def _rank_main(rank: int, world: int, port: int, ops: int, out: Any) -> None:
     from minisgl_worker.kernels.all_reduce import OneShotAllReduce
+    from minisgl_worker.kernels.two_shot import TwoShotAddRMSNorm
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
@@ -135,10 +184,12 @@ def _rank_main(rank: int, world: int, port: int, ops: int, out: Any) -> None:
     if ar is None:
         out.put((rank, {"error": "no peer access between the GPUs"}))
         return
+    two_shot = TwoShotAddRMSNorm.create(rank, world, cpu, device, max(SIZES), ar.grid[0])
     print(f"rank {rank}: peer buffers mapped", flush=True)
     bad = []
     for proto, each in ars.items():
         bad += [f"{proto}: {b}" for b in _check(each, rank, world, device)]
+    bad += _check_two_shot(two_shot, rank, device)
     print(f"rank {rank}: checks done ({len(bad)} failed)", flush=True)
     rows = []
     for nbytes in SIZES:
@@ -156,6 +207,8 @@ def _rank_main(rank: int, world: int, port: int, ops: int, out: Any) -> None:
                     row.update(norms)
                 else:
                     row["barrier_fused_norm_us"] = norms["fused_norm_us"]
+        if nbytes >= 1 << 20:  # prefill-chunk sizes: the two-shot kernel against NCCL + norm
+            row.update(_time_two_shot(two_shot, x.view(-1, 4096), ops, device))
         if "custom_us" in row:
             row["speedup"] = round(row["nccl_us"] / row["custom_us"], 2)
         rows.append(row)

@@ -21,7 +21,7 @@ class FakeFast:
     max_numel: int
     calls: list[int] = field(default_factory=list)
 
-    def supports(self, x: torch.Tensor) -> bool:
+    def supports(self, x: torch.Tensor, with_norm: bool = False) -> bool:
         return x.numel() <= self.max_numel
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -161,3 +161,9 @@ def test_a_follower_rank_never_loads_the_engine() -> None:
 def test_custom_all_reduce_cap_out_of_range_is_refused(mb: int) -> None:
     with pytest.raises(ValueError, match="custom_all_reduce_max_mb must be in"):
         EngineConfig(model_path="unused", custom_all_reduce_max_mb=mb)
+
+
+def test_a_negative_two_shot_step_is_refused() -> None:
+    with pytest.raises(ValueError, match="two_shot_max_tokens must be >= 0"):
+        EngineConfig(model_path="unused", two_shot_max_tokens=-1)
+    assert EngineConfig(model_path="unused", two_shot_max_tokens=0).two_shot_max_tokens == 0

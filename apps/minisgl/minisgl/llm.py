@@ -39,6 +39,10 @@ class LLM:
             raise TypeError(f"unknown LLM arguments {sorted(unknown)}; scheduler arguments are "
                             f"{sorted(names)}, the rest are EngineConfig fields")
         sched_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+        if "max_prefill_tokens" in sched_kwargs and "two_shot_max_tokens" not in kwargs:
+            # TP: the worker's fused all-reduce buffer covers a whole step of this scheduler
+            slots = kwargs.get("max_slots", EngineConfig.__dataclass_fields__["max_slots"].default)
+            kwargs["two_shot_max_tokens"] = sched_kwargs["max_prefill_tokens"] + slots
         self.model_path = Path(model_path)
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
         self.engine = Engine(EngineConfig(model_path=str(model_path), **kwargs))

@@ -24,6 +24,9 @@ DEFAULT_PORTS = {
     "scheduler": 50063,
     "worker": 50064,
 }
+# The scheduler's prompt tokens a step (--max-prefill-tokens); the worker sizes its TP
+# all-reduce buffer for a step of this many plus a full decode batch.
+DEFAULT_MAX_PREFILL_TOKENS = 8192
 DEFAULT_METRICS_PORTS = {
     "tokenizer": 9161,
     "detokenizer": 9162,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from minisgl_core.config import DEFAULT_MAX_PREFILL_TOKENS
+
 CacheKind = Literal["radix", "naive"]
 Policy = Literal["fcfs", "lpm"]
 
@@ -18,7 +20,7 @@ class SchedulerConfig:
         "worker's max_slots)")})
     max_queued_requests: int = field(default=4096, metadata={"help": (
         "waiting requests; beyond this, submits are refused as OVERLOADED")})
-    max_prefill_tokens: int = field(default=8192, metadata={"help": (
+    max_prefill_tokens: int = field(default=DEFAULT_MAX_PREFILL_TOKENS, metadata={"help": (
         "prompt tokens computed per step, summed over requests; longer prompts are chunked")})
     cache: CacheKind = field(default="radix", metadata={"help": (
         "prefix cache: radix (shared KV pages) or naive (none)")})

@@ -10,7 +10,9 @@ which TP sampling needs). Two ways to learn it, chosen at `create`:
 - "lamport" (default): the data is its own flag; see all_reduce_kernels.py, above its kernels.
 - "barrier": each rank also stores into its own slot, then meets the same program of every other
   rank at a flag barrier, as described next.
-Message sizes past `max_bytes` and shapes it does not take go to NCCL (`supports`).
+Message sizes past `max_bytes` and shapes it does not take go to NCCL (`supports`), except that
+`add_rmsnorm` takes larger ones (prefill chunks) up to `large_bytes` through the two-shot kernel
+of kernels/two_shot.py.
 
 Epochs: each program counts its launches in device memory (so CUDA graph replays count), and a
 buffer has two halves used alternately by epoch parity. Every call runs the same grid
@@ -47,6 +49,7 @@ from .all_reduce_kernels import (
     lamport_all_reduce_rmsnorm,
 )
 from .pdl import options as _pdl_options
+from .two_shot import TwoShotAddRMSNorm
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +75,10 @@ class OneShotAllReduce:
     """In-place sum of a tensor over the TP ranks. Build with `create` (collective)."""
 
     def __init__(self, data: PeerBuffers, flags: PeerBuffers | None, rank: int, world: int,
-                 max_bytes: int, programs: int = MAX_PROGRAMS) -> None:
+                 max_bytes: int, programs: int = MAX_PROGRAMS,
+                 large: TwoShotAddRMSNorm | None = None) -> None:
         self.data, self.flags = data, flags  # no flags: the Lamport protocol
+        self.large = large  # add_rmsnorm past max_bytes
         self.rank, self.world = rank, world
         self.max_bytes = max_bytes
         self.grid = (programs,)  # every call, every rank: see the module's note on epochs
@@ -82,10 +87,12 @@ class OneShotAllReduce:
 
     @classmethod
     def create(cls, rank: int, world: int, cpu_group: Any, device: torch.device,
-               max_bytes: int = DEFAULT_MAX_BYTES,
-               protocol: str | None = None) -> OneShotAllReduce | None:
+               max_bytes: int = DEFAULT_MAX_BYTES, protocol: str | None = None,
+               large_bytes: int = 0) -> OneShotAllReduce | None:
         """Every rank calls this together; None (every rank alike) where peer access is missing.
-        protocol: "lamport" (the default) or "barrier"; MINISGL_ALL_REDUCE_PROTOCOL sets it."""
+        protocol: "lamport" (the default) or "barrier"; MINISGL_ALL_REDUCE_PROTOCOL sets it.
+        large_bytes: the largest message of `add_rmsnorm`'s two-shot path (0: none; it holds
+        (world - 1) x this in an IPC buffer)."""
         protocol = protocol or os.environ.get("MINISGL_ALL_REDUCE_PROTOCOL") or "lamport"
         if protocol not in ("lamport", "barrier"):
             raise ValueError(f"all-reduce protocol {protocol!r}: lamport or barrier")
@@ -103,16 +110,22 @@ class OneShotAllReduce:
             return None
         if world > 2:
             max_bytes = min(max_bytes, MAX_BYTES_PAST_TWO)
+        large = (TwoShotAddRMSNorm.create(rank, world, cpu_group, device, large_bytes, programs)
+                 if large_bytes > max_bytes else None)
         if protocol == "lamport":
             data = exchange(2 * world * max_bytes, rank, world, cpu_group, device, fill=0xFF)
-            return cls(data, None, rank, world, max_bytes, programs)
+            return cls(data, None, rank, world, max_bytes, programs, large)
         data = exchange(2 * world * max_bytes, rank, world, cpu_group, device)
         flags = exchange(MAX_PROGRAMS * world * 4, rank, world, cpu_group, device)
-        return cls(data, flags, rank, world, max_bytes, programs)
+        return cls(data, flags, rank, world, max_bytes, programs, large)
 
-    def supports(self, x: torch.Tensor) -> bool:
-        return (x.is_cuda and x.dtype in _DTYPES and x.is_contiguous()
-                and x.numel() * x.element_size() <= self.max_bytes)
+    def supports(self, x: torch.Tensor, with_norm: bool = False) -> bool:
+        """Whether `self(x)` (with_norm: `add_rmsnorm(x, ...)`) takes x."""
+        if not (x.is_cuda and x.dtype in _DTYPES and x.is_contiguous()):
+            return False
+        nbytes = x.numel() * x.element_size()
+        return nbytes <= self.max_bytes or (with_norm and self.large is not None
+                                            and self.large.supports(x))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel()
@@ -134,6 +147,9 @@ class OneShotAllReduce:
                     eps: float) -> torch.Tensor:
         """The sum of x over the ranks added into `residual` (in place), and RMSNorm of the new
         residual, in one kernel: x [N, D] and residual contiguous, `supports(x)`."""
+        if x.numel() * x.element_size() > self.max_bytes:
+            assert self.large is not None, "add_rmsnorm past max_bytes without a two-shot path"
+            return self.large.add_rmsnorm(x, residual, weight, eps)
         rows, d = x.shape
         out = torch.empty_like(x)
         if rows == 0:

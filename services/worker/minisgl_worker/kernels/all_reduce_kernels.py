@@ -3,7 +3,7 @@ how epochs and buffer halves work, and launches them): the barrier protocol's co
 and sum, and the Lamport protocol's, each also fused with the residual add and RMSNorm.
 
 Buffers, as every kernel here sees them: buf_ptr is this rank's buffer in the message's dtype,
-rank r's buffer as mapped here is buf_ptr + d_r (`_rank_delta`), and a buffer is
+rank r's buffer as mapped here is buf_ptr + d_r (`rank_delta`), and a buffer is
 [2 epoch parities][WORLD slots][slot elements].
 """
 
@@ -21,7 +21,7 @@ from .pdl import begin as _pdl_begin
 TIMEOUT_NS: tl.constexpr = tl.constexpr(300 * 10**9)
 
 @triton.jit
-def _rank_delta(r: tl.constexpr, d0, d1, d2, d3, d4, d5, d6, d7):
+def rank_delta(r: tl.constexpr, d0, d1, d2, d3, d4, d5, d6, d7):
     # Scalar arguments, not a pointer table: Triton then knows every buffer is 16-byte aligned
     # (it specialises integer arguments divisible by 16) and vectorises the peer loads.
     if r == 0:
@@ -55,27 +55,34 @@ def _trap():
 
 
 @triton.jit
-def _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD: tl.constexpr):
-    """Meet program `pid` of every other rank at `epoch`, then record the epoch."""
+def meet(flag_ptrs, pid, rank, value, WORLD: tl.constexpr):
+    """Meet program `pid` of every other rank: each says `value` (which only grows), then waits
+    until every peer has said at least as much."""
     # Every thread's stores are done before the flags say so (release is cumulative over
     # bar.sync); after the acquire, every thread's loads see the peers' stores.
     tl.debug_barrier()
     for r in tl.static_range(WORLD):
         if r != rank:
             peer_flags = tl.load(flag_ptrs + r).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(peer_flags + pid * WORLD + rank, epoch, sem="release", scope="sys")
+            tl.atomic_xchg(peer_flags + pid * WORLD + rank, value, sem="release", scope="sys")
     my_flags = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
     for r in tl.static_range(WORLD):
         if r != rank:
             seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire", scope="sys")
-            if seen < epoch:
+            if seen < value:
                 start = _now_ns()
-                while seen < epoch:
+                while seen < value:
                     if _now_ns() - start > TIMEOUT_NS:
                         _trap()  # the peer never came: fail the context, do not hang
                     seen = tl.atomic_add(my_flags + pid * WORLD + r, 0, sem="acquire",
                                          scope="sys")
     tl.debug_barrier()
+
+
+@triton.jit
+def _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD: tl.constexpr):
+    """Meet program `pid` of every other rank at `epoch`, then record the epoch."""
+    meet(flag_ptrs, pid, rank, epoch, WORLD)
     tl.store(counter_ptr + pid, epoch)
 
 
@@ -96,7 +103,7 @@ def barrier_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, flag_ptrs
         m = offs < n
         v = tl.load(x_ptr + offs, mask=m)
         for r in tl.static_range(WORLD):
-            dst = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
+            dst = buf_ptr + rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
             tl.store(dst + rank * slot + offs, v, mask=m)
     _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD)
     for start in range(pid * BLOCK, n, nprog * BLOCK):
@@ -126,7 +133,7 @@ def barrier_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1, 
     for row in range(pid, rows, nprog):
         v = tl.load(x_ptr + row * D + cols, mask=m)
         for r in tl.static_range(WORLD):
-            dst = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
+            dst = buf_ptr + rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
             tl.store(dst + rank * slot + row * D + cols, v, mask=m)
     _barrier(flag_ptrs, counter_ptr, pid, rank, epoch, WORLD)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
@@ -193,7 +200,7 @@ def _lamport_push(v, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, offs, m, base, slo
     """Store this rank's (sanitized) elements at `offs` into its slot of every other rank."""
     for r in tl.static_range(WORLD):
         if r != RANK:
-            dst = buf_ptr + _rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
+            dst = buf_ptr + rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) + base
             tl.store(dst + RANK * slot + offs, v, mask=m)
 
 

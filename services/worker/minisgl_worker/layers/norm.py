@@ -41,8 +41,8 @@ class RMSNorm(nn.Module):
         if reduce:
             fast = tp().fast_all_reduce
             if (fast is not None and not to_fp8 and x.dim() == 2 and fused_ops.usable(x)
-                    and x.is_contiguous() and residual.is_contiguous() and fast.supports(x)
-                    and residual.data_ptr() != x.data_ptr()):
+                    and x.is_contiguous() and residual.is_contiguous()
+                    and fast.supports(x, with_norm=True) and residual.data_ptr() != x.data_ptr()):
                 return fast.add_rmsnorm(x, residual, self.weight, self.eps), residual
             x = all_reduce(x)
         if fused_ops.usable(x) and residual.is_contiguous() and x.is_contiguous():
