@@ -184,7 +184,7 @@ def _rank_main(rank: int, world: int, port: int, ops: int, out: Any) -> None:
     if ar is None:
         out.put((rank, {"error": "no peer access between the GPUs"}))
         return
-    two_shot = TwoShotAddRMSNorm.create(rank, world, cpu, device, max(SIZES), ar.grid[0])
+    two_shot = TwoShotAddRMSNorm.create(rank, world, cpu, device, max(SIZES), ar.programs)
     print(f"rank {rank}: peer buffers mapped", flush=True)
     bad = []
     for proto, each in ars.items():

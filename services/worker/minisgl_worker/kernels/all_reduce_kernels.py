@@ -221,21 +221,23 @@ def _lamport_sum(x_ptr, buf_ptr, offs, m, base, slot, RANK: tl.constexpr, WORLD:
 
 @triton.jit
 def lamport_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, counter_ptr, n, slot,
-                        RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                        workers, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                         BITS: tl.constexpr, USE_PDL: tl.constexpr = False):
     # PDL: every program is resident when it releases the next kernel, so none waits on that one.
+    # Programs from `workers` on only count the call (the launcher's note on the grid).
     _pdl_begin(USE_PDL)
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
+    nprog = workers
     epoch = tl.load(counter_ptr + pid) + 1
     base = (epoch % 2) * WORLD * slot
     cols = tl.arange(0, BLOCK)
-    for start in range(pid * BLOCK, n, nprog * BLOCK):
+    first = tl.where(pid < workers, pid * BLOCK, n)
+    for start in range(first, n, nprog * BLOCK):
         offs = tl.multiple_of(start, BLOCK) + cols
         m = offs < n
         v = _lamport_sanitize(tl.load(x_ptr + offs, mask=m), BITS)
         _lamport_push(v, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, offs, m, base, slot, RANK, WORLD)
-    for start in range(pid * BLOCK, n, nprog * BLOCK):
+    for start in range(first, n, nprog * BLOCK):
         offs = tl.multiple_of(start, BLOCK) + cols
         m = offs < n
         acc = _lamport_sum(x_ptr, buf_ptr, offs, m, base, slot, RANK, WORLD, BLOCK, BITS)
@@ -245,23 +247,24 @@ def lamport_all_reduce(x_ptr, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, counter_p
 
 @triton.jit
 def lamport_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1, d2, d3, d4, d5,
-                                d6, d7, counter_ptr, rows, D, slot, eps, RANK: tl.constexpr,
-                                WORLD: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
-                                USE_PDL: tl.constexpr = False):
+                                d6, d7, counter_ptr, rows, D, slot, eps, workers,
+                                RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                                BITS: tl.constexpr, USE_PDL: tl.constexpr = False):
     """barrier_all_reduce_rmsnorm's arithmetic over the Lamport protocol."""
     _pdl_begin(USE_PDL)
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
+    nprog = workers
     epoch = tl.load(counter_ptr + pid) + 1
     base = (epoch % 2) * WORLD * slot
     cols = tl.arange(0, BLOCK)
     m = cols < D
-    for row in range(pid, rows, nprog):
+    first = tl.where(pid < workers, pid, rows)
+    for row in range(first, rows, nprog):
         v = _lamport_sanitize(tl.load(x_ptr + row * D + cols, mask=m), BITS)
         _lamport_push(v, buf_ptr, d0, d1, d2, d3, d4, d5, d6, d7, row * D + cols, m, base, slot,
                       RANK, WORLD)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
-    for row in range(pid, rows, nprog):
+    for row in range(first, rows, nprog):
         acc = _lamport_sum(x_ptr, buf_ptr, row * D + cols, m, base, slot, RANK, WORLD, BLOCK, BITS)
         h = acc.to(x_ptr.dtype.element_ty) + tl.load(res_ptr + row * D + cols, mask=m, other=0.0)
         tl.store(res_ptr + row * D + cols, h, mask=m)
