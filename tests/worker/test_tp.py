@@ -166,4 +166,14 @@ def test_custom_all_reduce_cap_out_of_range_is_refused(mb: int) -> None:
 def test_a_negative_two_shot_step_is_refused() -> None:
     with pytest.raises(ValueError, match="two_shot_max_tokens must be >= 0"):
         EngineConfig(model_path="unused", two_shot_max_tokens=-1)
-    assert EngineConfig(model_path="unused", two_shot_max_tokens=0).two_shot_max_tokens == 0
+    assert EngineConfig(model_path="unused", two_shot_max_tokens=0).two_shot_step_tokens() == 0
+    # default: the scheduler's default prefill chunk and a full decode batch in one step
+    assert EngineConfig(model_path="unused", max_slots=64).two_shot_step_tokens() == 8192 + 64
+
+
+def test_lamport_programs_two_an_sm_only_where_two_surely_fit() -> None:
+    from minisgl_worker.kernels.all_reduce import _lamport_workers
+
+    assert _lamport_workers(128, 4, 1024) == (256, {})  # 4 warps: any register count fits twice
+    assert _lamport_workers(128, 8, 4096) == (256, {"maxnreg": 128})  # 2 x 256 x 128 = 64K
+    assert _lamport_workers(128, 8, 8192) == (128, {})  # wider rows need more registers

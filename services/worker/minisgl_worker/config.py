@@ -6,6 +6,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 import torch
+from minisgl_core.config import DEFAULT_MAX_PREFILL_TOKENS
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "half": torch.float16, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -122,6 +123,12 @@ class EngineConfig:
             raise ValueError("two_shot_max_tokens must be >= 0")
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank={self.tp_rank} must be in [0, tp_size={self.tp_size})")
+
+    def two_shot_step_tokens(self) -> int:
+        """The largest step (tokens) the TP all-reduce's two-shot buffer covers (0: none)."""
+        if self.two_shot_max_tokens is not None:
+            return self.two_shot_max_tokens
+        return DEFAULT_MAX_PREFILL_TOKENS + self.max_slots
 
     def torch_device(self) -> torch.device:
         if self.device == "auto" and not torch.cuda.is_available():

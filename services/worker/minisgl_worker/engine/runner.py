@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
-from minisgl_core.config import DEFAULT_MAX_PREFILL_TOKENS
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import ReqPlan, StepPlan
 
@@ -116,12 +115,10 @@ class ModelRunner:
             from ..kernels.all_reduce import OneShotAllReduce  # Triton: CUDA builds only
 
             # Before the KV cache is sized: its buffers come out of the budget.
-            step_tokens = (config.two_shot_max_tokens if config.two_shot_max_tokens is not None
-                           else DEFAULT_MAX_PREFILL_TOKENS + config.max_slots)
             dist.use_fast_all_reduce(OneShotAllReduce.create(
                 config.tp_rank, tp, dist.tp().cpu_group, device,
                 max_bytes=config.custom_all_reduce_max_mb << 20,
-                large_bytes=step_tokens * mc.hidden_size * self.dtype.itemsize))
+                large_bytes=config.two_shot_step_tokens() * mc.hidden_size * self.dtype.itemsize))
         heads, kv_heads = dist.shard(mc.num_heads, "heads"), dist.shard(mc.num_kv_heads, "kv heads")
         self.num_pages = self._size_kv(kv_heads)
         self.max_pages_per_seq = -(-self.max_model_len // self.page_size)
