@@ -8,7 +8,7 @@ ranges):
 1. reduce-scatter: each rank stores its partial sums of every other rank's rows into its slot of
    that rank's IPC buffer;
 2. each rank sums its own rows (fp32, rank order, as the one-shot kernels: the same bits on every
-   rank and as NCCL + the norm kernel on two ranks), adds the residual, normalises, writes both,
+   rank and as NCCL + the norm kernel on two ranks), adds the residual, normalizes, writes both,
    and stores the new residual rows into its slot of every other rank's buffer (all-gather);
 3. each rank writes the other ranks' new residual rows and their norms.
 A rank's NVLink traffic is 2 (world - 1) / world of the message each way, as a ring all-reduce.
