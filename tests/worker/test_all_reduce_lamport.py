@@ -25,6 +25,7 @@ if type(all_reduce_kernels.lamport_all_reduce).__name__ != "InterpretedFunction"
 
 WORLD = 2
 SLOT_BYTES = 8192  # max_bytes: one rank's slot
+GRID = 2 * all_reduce.MAX_PROGRAMS  # as OneShotAllReduce launches them (two an SM at most)
 
 
 class TwoRanks:
@@ -33,8 +34,7 @@ class TwoRanks:
     def __init__(self) -> None:
         self.per_rank = 2 * WORLD * SLOT_BYTES
         self.mem = torch.full((WORLD * self.per_rank,), 0xFF, dtype=torch.uint8)
-        self.counters = [torch.zeros(all_reduce.MAX_PROGRAMS, dtype=torch.int32)
-                         for _ in range(WORLD)]
+        self.counters = [torch.zeros(GRID, dtype=torch.int32) for _ in range(WORLD)]
 
     def buf(self, rank: int, dtype: torch.dtype) -> torch.Tensor:
         return self.mem[rank * self.per_rank:(rank + 1) * self.per_rank].view(dtype)
@@ -58,17 +58,20 @@ def _sanitized(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), torch.full_like(x, float("nan")), x)
 
 
-def _flat(ranks: TwoRanks, rank: int, x: torch.Tensor, block: int) -> None:
+def _flat(ranks: TwoRanks, rank: int, x: torch.Tensor, block: int, workers: int) -> None:
     n = x.numel()
-    all_reduce_kernels.lamport_all_reduce[(all_reduce.MAX_PROGRAMS,)](
+    all_reduce_kernels.lamport_all_reduce[(GRID,)](
         x, ranks.buf(rank, x.dtype), *ranks.deltas(rank, x.dtype), ranks.counters[rank], n,
-        SLOT_BYTES // x.element_size(), RANK=rank, WORLD=WORLD, BLOCK=block,
+        SLOT_BYTES // x.element_size(), workers, RANK=rank, WORLD=WORLD, BLOCK=block,
         BITS=x.element_size() * 8)
 
 
+# workers: the whole grid moves data (two programs an SM), or half of it (one an SM: the other
+# half only counts the call)
+@pytest.mark.parametrize("workers", [GRID, GRID // 2])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n", [1, 100, 1000])
-def test_lamport_flat_sums_alike_on_both_ranks(dtype: torch.dtype, n: int) -> None:
+def test_lamport_flat_sums_alike_on_both_ranks(dtype: torch.dtype, n: int, workers: int) -> None:
     ranks = TwoRanks()
     for call in range(3):  # epochs 1, 2, 3: both parities, then the first again
         g = torch.Generator().manual_seed(100 * call + n)
@@ -80,22 +83,23 @@ def test_lamport_flat_sums_alike_on_both_ranks(dtype: torch.dtype, n: int) -> No
         parity = (call + 1) % 2
         ranks.slot(0, parity, 1, n, dtype).copy_(x1)  # rank 1's stores, ahead of rank 0
         out0, out1 = x0.clone(), x1.clone()
-        _flat(ranks, 0, out0, block=64)
+        _flat(ranks, 0, out0, block=64, workers=workers)
         assert torch.equal(out0, want) or (n > 1 and torch.equal(out0[:-1], want[:-1])
                                            and torch.isnan(out0[-1]))
         assert ranks.empty(0), "rank 0 must leave its buffer EMPTY"
         sent = ranks.slot(1, parity, 0, n, dtype)
         assert torch.equal(sent[:-1], x0[:-1]) and not torch.equal(
             sent[-1:].view(torch.uint8), torch.full_like(sent[-1:].view(torch.uint8), 0xFF))
-        _flat(ranks, 1, out1, block=64)
+        _flat(ranks, 1, out1, block=64, workers=workers)
         assert torch.equal(out1.view(torch.uint8), out0.view(torch.uint8)), "ranks differ"
         assert ranks.empty(1)
         ranks.slot(0, parity, 1, n, dtype).view(torch.uint8).fill_(0xFF)  # rank 1's re-send
     assert all(bool((c == 3).all()) for c in ranks.counters)  # every program counts each call
 
 
-@pytest.mark.parametrize("rows,d", [(1, 64), (5, 96)])
-def test_lamport_add_rmsnorm_matches_reference(rows: int, d: int) -> None:
+# (200, 16): more rows than working programs, so each of those takes several
+@pytest.mark.parametrize("rows,d,workers", [(1, 64, GRID), (5, 96, GRID), (200, 16, GRID // 2)])
+def test_lamport_add_rmsnorm_matches_reference(rows: int, d: int, workers: int) -> None:
     # fp16, not bf16: the interpreter adds two bf16 tensors as their integer bit patterns.
     ranks, dtype, eps = TwoRanks(), torch.float16, 1e-6
     g = torch.Generator().manual_seed(rows * d)
@@ -110,10 +114,10 @@ def test_lamport_add_rmsnorm_matches_reference(rows: int, d: int) -> None:
     outs, residuals = [], []
     for rank in range(WORLD):
         r, out = res.clone(), torch.empty_like(res)
-        all_reduce_kernels.lamport_all_reduce_rmsnorm[(all_reduce.MAX_PROGRAMS,)](
+        all_reduce_kernels.lamport_all_reduce_rmsnorm[(GRID,)](
             x[rank], r, w, out, ranks.buf(rank, dtype), *ranks.deltas(rank, dtype),
-            ranks.counters[rank], rows, d, SLOT_BYTES // 2, eps, RANK=rank, WORLD=WORLD,
-            BLOCK=triton_block(d), BITS=16)
+            ranks.counters[rank], rows, d, SLOT_BYTES // 2, eps, workers, RANK=rank,
+            WORLD=WORLD, BLOCK=triton_block(d), BITS=16)
         outs.append(out)
         residuals.append(r)
         if rank == 0:
