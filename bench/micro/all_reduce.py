@@ -73,61 +73,48 @@ def _check(ar: Any, rank: int, world: int, device: torch.device) -> list[str]:
 
 
 def _check_add_rmsnorm(ar: Any, rank: int, device: torch.device) -> list[str]:
-    """The fused kernel against a plain all-reduce followed by the fused add+RMSNorm kernel:
-    the new residual bit for bit, the normed rows within bf16 rounding."""
-    from minisgl_worker.kernels import fused_ops
-
-    bad = []
-    for rows, d in ((1, 4096), (3, 1024), (200, 4096), (512, 1024)):
-        g = torch.Generator(device=device).manual_seed(rows * 7 + rank)
-        x = torch.randn(rows, d, generator=g, device=device).to(torch.bfloat16)
-        shared = torch.Generator(device=device).manual_seed(rows)  # alike on every rank
-        res = torch.randn(rows, d, generator=shared, device=device).to(torch.bfloat16)
-        w = torch.rand(d, generator=shared, device=device).to(torch.bfloat16) + 0.5
-        summed, res_ref = x.clone(), res.clone()
-        ar(summed)
-        want = fused_ops.rmsnorm(summed, w, 1e-6, residual=res_ref)
-        res_got = res.clone()
-        got = ar.add_rmsnorm(x, res_got, w, 1e-6)
-        if not torch.equal(res_got, res_ref):
-            bad.append(f"add_rmsnorm rows={rows} d={d}: residual differs")
-        err = (got.float() - want.float()).abs().max().item()
-        if err > 2e-2 * want.float().abs().max().item():
-            bad.append(f"add_rmsnorm rows={rows} d={d}: out max err {err}")
-        elif rank == 0:
-            print(f"add_rmsnorm rows={rows} d={d}: residual exact, out "
-                  f"{'exact' if torch.equal(got, want) else f'max err {err:.3g}'}", flush=True)
-    return bad
+    """The one-shot fused kernel against its own plain all-reduce then the norm kernel."""
+    return _check_fused_norm("add_rmsnorm", ar.add_rmsnorm, ar,
+                             ((1, 4096), (3, 1024), (200, 4096), (512, 1024)), rank, device)
 
 
 def _check_two_shot(ts: Any, rank: int, device: torch.device) -> list[str]:
-    """The two-shot fused kernel against NCCL's sum followed by the fused add+RMSNorm kernel:
-    the new residual bit for bit (on two ranks NCCL's bf16 sum is one rounded addition, as
-    ours), the normed rows within bf16 rounding; row counts that split unevenly over the ranks
+    """The two-shot fused kernel against NCCL's sum then the norm kernel (on two ranks NCCL's
+    bf16 sum is one rounded addition, as ours); row counts that split unevenly over the ranks
     and programs, alternating call to call."""
+    return _check_fused_norm(
+        "two-shot", ts.add_rmsnorm, dist.all_reduce,
+        ((1, 4096), (4097, 4096), (3, 1024), (1000, 4096), (2049, 1024), (8, 4096)), rank, device)
+
+
+def _check_fused_norm(name: str, fused: Any, plain_sum: Any, cases: tuple[tuple[int, int], ...],
+                      rank: int, device: torch.device) -> list[str]:
+    """`fused(x, residual, w, eps)`, an all-reduce fused with the residual add and RMSNorm,
+    against `plain_sum(x)` (in place) followed by the fused add+RMSNorm kernel: x left as it
+    is, the new residual bit for bit, the normed rows within bf16 rounding."""
     from minisgl_worker.kernels import fused_ops
 
     bad = []
-    for rows, d in ((1, 4096), (4097, 4096), (3, 1024), (1000, 4096), (2049, 1024), (8, 4096)):
-        g = torch.Generator(device=device).manual_seed(rows * 11 + rank)
+    for rows, d in cases:
+        g = torch.Generator(device=device).manual_seed(rows * 7 + d + rank)
         x = torch.randn(rows, d, generator=g, device=device).to(torch.bfloat16)
         shared = torch.Generator(device=device).manual_seed(rows + d)  # alike on every rank
         res = torch.randn(rows, d, generator=shared, device=device).to(torch.bfloat16)
         w = torch.rand(d, generator=shared, device=device).to(torch.bfloat16) + 0.5
         summed, res_ref = x.clone(), res.clone()
-        dist.all_reduce(summed)
+        plain_sum(summed)
         want = fused_ops.rmsnorm(summed, w, 1e-6, residual=res_ref)
         res_got, x_in = res.clone(), x.clone()
-        got = ts.add_rmsnorm(x, res_got, w, 1e-6)
+        got = fused(x, res_got, w, 1e-6)
         if not torch.equal(x, x_in):
-            bad.append(f"two-shot rows={rows} d={d}: the input changed")
+            bad.append(f"{name} rows={rows} d={d}: the input changed")
         if not torch.equal(res_got, res_ref):
-            bad.append(f"two-shot rows={rows} d={d}: residual differs")
+            bad.append(f"{name} rows={rows} d={d}: residual differs")
         err = (got.float() - want.float()).abs().max().item()
         if err > 2e-2 * want.float().abs().max().item():
-            bad.append(f"two-shot rows={rows} d={d}: out max err {err}")
+            bad.append(f"{name} rows={rows} d={d}: out max err {err}")
         elif rank == 0:
-            print(f"two-shot rows={rows} d={d}: residual exact, out "
+            print(f"{name} rows={rows} d={d}: residual exact, out "
                   f"{'exact' if torch.equal(got, want) else f'max err {err:.3g}'}", flush=True)
     return bad
 
