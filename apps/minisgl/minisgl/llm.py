@@ -17,6 +17,7 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +40,13 @@ class LLM:
             raise TypeError(f"unknown LLM arguments {sorted(unknown)}; scheduler arguments are "
                             f"{sorted(names)}, the rest are EngineConfig fields")
         sched_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
-        if "max_prefill_tokens" in sched_kwargs and "two_shot_max_tokens" not in kwargs:
-            # TP: the worker's fused all-reduce buffer covers a whole step of this scheduler
-            slots = kwargs.get("max_slots", EngineConfig.__dataclass_fields__["max_slots"].default)
-            kwargs["two_shot_max_tokens"] = sched_kwargs["max_prefill_tokens"] + slots
         self.model_path = Path(model_path)
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
-        self.engine = Engine(EngineConfig(model_path=str(model_path), **kwargs))
+        engine_config = EngineConfig(model_path=str(model_path), **kwargs)
+        if "max_prefill_tokens" in sched_kwargs:  # TP: the all-reduce buffer covers its steps
+            engine_config = replace(engine_config, two_shot_max_tokens=engine_config
+                                    .two_shot_step_tokens(sched_kwargs["max_prefill_tokens"]))
+        self.engine = Engine(engine_config)
         try:
             self.scheduler = Scheduler(self.engine, SchedulerConfig(**sched_kwargs))
         except Exception:

@@ -124,11 +124,12 @@ class EngineConfig:
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank={self.tp_rank} must be in [0, tp_size={self.tp_size})")
 
-    def two_shot_step_tokens(self) -> int:
-        """The largest step (tokens) the TP all-reduce's two-shot buffer covers (0: none)."""
+    def two_shot_step_tokens(self, prefill_chunk: int = DEFAULT_MAX_PREFILL_TOKENS) -> int:
+        """The largest step (tokens) the TP all-reduce's two-shot buffer covers (0: none):
+        --two-shot-max-tokens, else a scheduler's prefill chunk and a full decode batch."""
         if self.two_shot_max_tokens is not None:
             return self.two_shot_max_tokens
-        return DEFAULT_MAX_PREFILL_TOKENS + self.max_slots
+        return prefill_chunk + self.max_slots
 
     def torch_device(self) -> torch.device:
         if self.device == "auto" and not torch.cuda.is_available():

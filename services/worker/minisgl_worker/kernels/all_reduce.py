@@ -166,7 +166,8 @@ class OneShotAllReduce:
     def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                     eps: float) -> torch.Tensor:
         """The sum of x over the ranks added into `residual` (in place), and RMSNorm of the new
-        residual, in one kernel: x [N, D] and residual contiguous, `supports(x)`."""
+        residual, in one kernel: x [N, D] and residual contiguous, `supports(x, with_norm=True)`
+        (past max_bytes: the two-shot kernel)."""
         if x.numel() * x.element_size() > self.max_bytes:
             assert self.large is not None, "add_rmsnorm past max_bytes without a two-shot path"
             return self.large.add_rmsnorm(x, residual, weight, eps)

@@ -33,8 +33,6 @@ import triton.language as tl
 from ..distributed.peer_buffers import PeerBuffers, exchange
 from .all_reduce_kernels import meet, rank_delta
 
-MAX_PROGRAMS = 128
-
 
 @triton.jit
 def _slot(sender: tl.constexpr, receiver: tl.constexpr, WORLD: tl.constexpr):
@@ -119,8 +117,8 @@ class TwoShotAddRMSNorm:
     @classmethod
     def create(cls, rank: int, world: int, cpu_group: Any, device: torch.device,
                max_bytes: int, programs: int) -> TwoShotAddRMSNorm:
-        """programs: at most the SM count (every program resident), the same on every rank."""
-        programs = min(programs, MAX_PROGRAMS)
+        """programs: at most the SM count (every program resident), the same on every rank
+        (OneShotAllReduce.create passes its own)."""
         data = exchange((world - 1) * max_bytes, rank, world, cpu_group, device)
         flags = exchange(programs * world * 4, rank, world, cpu_group, device)
         return cls(data, flags, rank, world, max_bytes, programs)
