@@ -55,6 +55,17 @@ def _trap():
 
 
 @triton.jit
+def store_norm_row(h, row, res_ptr, out_ptr, w, cols, m, D, eps):
+    """The new residual row h (activation dtype) into the residual, and its RMSNorm times w
+    (w in fp32) into out, with fused_kernels._rmsnorm_kernel's arithmetic: every fused
+    all-reduce + norm kernel ends a row with this."""
+    tl.store(res_ptr + row * D + cols, h, mask=m)
+    hf = h.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(hf * hf, axis=0) / D + eps)
+    tl.store(out_ptr + row * D + cols, (hf * inv * w).to(h.dtype), mask=m)
+
+
+@triton.jit
 def meet(flag_ptrs, pid, rank, value, WORLD: tl.constexpr):
     """Meet program `pid` of every other rank: each says `value` (which only grows), then waits
     until every peer has said at least as much."""
@@ -143,10 +154,7 @@ def barrier_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1, 
             acc += tl.load(buf_ptr + base + r * slot + row * D + cols, mask=m, other=0.0,
                            cache_modifier=".cg").to(tl.float32)
         h = acc.to(x_ptr.dtype.element_ty) + tl.load(res_ptr + row * D + cols, mask=m, other=0.0)
-        tl.store(res_ptr + row * D + cols, h, mask=m)
-        hf = h.to(tl.float32)
-        inv = tl.rsqrt(tl.sum(hf * hf, axis=0) / D + eps)
-        tl.store(out_ptr + row * D + cols, (hf * inv * w).to(x_ptr.dtype.element_ty), mask=m)
+        store_norm_row(h, row, res_ptr, out_ptr, w, cols, m, D, eps)
 
 
 # --- Lamport protocol: the data is its own flag -------------------------------------------------
@@ -267,8 +275,5 @@ def lamport_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1, 
     for row in range(first, rows, nprog):
         acc = _lamport_sum(x_ptr, buf_ptr, row * D + cols, m, base, slot, RANK, WORLD, BLOCK, BITS)
         h = acc.to(x_ptr.dtype.element_ty) + tl.load(res_ptr + row * D + cols, mask=m, other=0.0)
-        tl.store(res_ptr + row * D + cols, h, mask=m)
-        hf = h.to(tl.float32)
-        inv = tl.rsqrt(tl.sum(hf * hf, axis=0) / D + eps)
-        tl.store(out_ptr + row * D + cols, (hf * inv * w).to(x_ptr.dtype.element_ty), mask=m)
+        store_norm_row(h, row, res_ptr, out_ptr, w, cols, m, D, eps)
     tl.store(counter_ptr + pid, epoch)

@@ -31,23 +31,13 @@ import triton
 import triton.language as tl
 
 from ..distributed.peer_buffers import PeerBuffers, exchange
-from .all_reduce_kernels import meet, rank_delta
+from .all_reduce_kernels import meet, rank_delta, store_norm_row
 
 
 @triton.jit
 def _slot(sender: tl.constexpr, receiver: tl.constexpr, WORLD: tl.constexpr):
     """A receiver's buffer has one slot per other rank: the sender's is (s - r - 1) mod world."""
     return (sender - receiver - 1 + WORLD) % WORLD
-
-
-@triton.jit
-def _norm_rows(h, row, res_ptr, out_ptr, w, cols, m, D, eps):
-    """The new residual row h: stored, and its RMSNorm (fused_kernels._rmsnorm_kernel's
-    arithmetic) into out."""
-    tl.store(res_ptr + row * D + cols, h, mask=m)
-    hf = h.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(hf * hf, axis=0) / D + eps)
-    tl.store(out_ptr + row * D + cols, (hf * inv * w).to(h.dtype), mask=m)
 
 
 @triton.jit
@@ -89,7 +79,7 @@ def two_shot_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1,
                 dst = buf_ptr + rank_delta(r, d0, d1, d2, d3, d4, d5, d6, d7) \
                     + _slot(RANK, r, WORLD) * slot
                 tl.store(dst + row * D + cols, h, mask=m)
-        _norm_rows(h, row, res_ptr, out_ptr, w, cols, m, D, eps)
+        store_norm_row(h, row, res_ptr, out_ptr, w, cols, m, D, eps)
     meet(flag_ptrs, pid, RANK, 3 * epoch - 1, WORLD)
     # 3. the other ranks' rows, as they summed them
     for r in tl.static_range(WORLD):
@@ -97,7 +87,7 @@ def two_shot_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1,
             src = buf_ptr + _slot(r, RANK, WORLD) * slot
             for row in range(r * per + pid, tl.minimum(r * per + per, rows), nprog):
                 h = tl.load(src + row * D + cols, mask=m, other=0.0, cache_modifier=".cg")
-                _norm_rows(h, row, res_ptr, out_ptr, w, cols, m, D, eps)
+                store_norm_row(h, row, res_ptr, out_ptr, w, cols, m, D, eps)
     meet(flag_ptrs, pid, RANK, 3 * epoch, WORLD)
     tl.store(counter_ptr + pid, epoch)
 
