@@ -86,7 +86,7 @@ def _squeezed_outputs(path: Path, engine: dict) -> list[tuple[list[int], str]]:
         outs = _outputs(squeezed)
         stats = squeezed.scheduler.stats()
         # the worker's TP all-reduce buffer is sized for this scheduler's steps
-        assert squeezed.engine.config.two_shot_max_tokens == 6 + squeezed.engine.config.max_slots
+        assert squeezed.engine.config.two_shot_step_tokens() == 6 + squeezed.engine.config.max_slots
     assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0
     assert stats.used_pages == 0
     return outs

@@ -110,3 +110,43 @@ def test_first_requests_compile_nothing_after_warm_up(tmp_path) -> None:
         assert count == 0, f"{count} compiles ({ms} ms) after start-up: {kernels}"
     finally:
         engine.close()
+
+
+def test_long_prompts_at_tp2_compile_nothing_after_start_up(tmp_path) -> None:
+    """TP=2: a prefill step past the one-shot all-reduce's sizes takes the two-shot kernel
+    (kernels/two_shot.py). The engine's start-up compiles it, and its row count is not
+    specialised, so no long prompt compiles it again, whatever its length. Before, the first
+    step over 8 MiB (1,025 tokens of Qwen3-8B) compiled it inside that request, and so did the
+    first one whose length fell in the other class (a multiple of 16 or not). Here Qwen3-0.6B's
+    shapes with a 1 MiB one-shot cap: steps over 512 tokens take the two-shot kernel."""
+    if torch.cuda.device_count() < 2:
+        import pytest
+
+        pytest.skip("tensor parallelism needs 2 GPUs")
+    from pathlib import Path
+
+    from minisgl.llm import LLM
+    from minisgl_core.sampling import SamplingParams
+
+    from bench.common.model_dir import make
+
+    root = Path(__file__).resolve().parents[2]
+    model = make(str(root / "models" / "configs" / "Qwen3-0.6B"), str(tmp_path / "q06"))
+    prompts = [[(7 * i + n) % 5000 for i in range(n)] for n in (600, 1024, 1500, 777)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    kw = dict(load_format="dummy", tp_size=2, max_model_len=4096, cuda_graph_max_bs=8,
+              cache="naive")
+    llm = LLM(str(model), custom_all_reduce_max_mb=1, **kw)
+    try:
+        stalls: dict = {}
+        with host_stalls(stalls):
+            outs = [llm.generate([p], greedy)[0]["token_ids"] for p in prompts]  # one a step
+            torch.cuda.synchronize()
+        count, ms, kernels = stalls["triton_compiles"]
+        assert count == 0, f"{count} compiles ({ms} ms) after start-up: {kernels}"
+    finally:
+        llm.close()
+    # The warm-up left the kernel's state as its peers expect: the same tokens as NCCL gives
+    # (on two ranks both sum a pair of bf16 partials exactly once).
+    with LLM(str(model), disable_custom_all_reduce=True, **kw) as nccl:
+        assert [nccl.generate([p], greedy)[0]["token_ids"] for p in prompts] == outs

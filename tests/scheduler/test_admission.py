@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import pytest
 from minisgl_core.sampling import SamplingParams
 from minisgl_scheduler import (
@@ -261,3 +264,23 @@ def test_preempted_request_restarts_with_its_outputs_counted() -> None:
     assert done > 0 and restart.sampling.min_tokens == 5 - done
     assert rec.out[1].tokens == reference([4, 5], b, fake)
     assert rec.out[0].tokens == reference([1, 2, 3], a, fake)
+
+
+@pytest.mark.parametrize("tp, two_shot, chunk, warned", [
+    (2, 8192 + 16, 8192, False),  # the worker's buffer covers a full step (16 slots)
+    (2, 8192 + 16, 16384, True),  # a larger chunk than the worker was sized for
+    (2, 0, 16384, False),  # no fused kernel at all (NCCL by choice, or an older worker)
+    (1, 100, 16384, False),  # one GPU: no all-reduce
+])
+def test_a_chunk_past_the_workers_fused_all_reduce_is_logged(
+        caplog: pytest.LogCaptureFixture, tp: int, two_shot: int, chunk: int,
+        warned: bool) -> None:
+    executor = FakeExecutor()
+    executor._info = dataclasses.replace(executor.info(), tp_size=tp,
+                                         two_shot_max_tokens=two_shot)
+    with caplog.at_level(logging.WARNING, logger="minisgl_scheduler.scheduler"):
+        Scheduler(executor, SchedulerConfig(max_prefill_tokens=chunk))
+    logged = [r.getMessage() for r in caplog.records if "fused TP all-reduce" in r.getMessage()]
+    assert bool(logged) == warned
+    if warned:
+        assert f"--max-prefill-tokens {chunk} too" in logged[0]

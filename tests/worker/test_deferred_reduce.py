@@ -28,9 +28,14 @@ class FakeFast:
         self.calls.append(x.numel())
         return x.mul_(2)
 
+    warm_ups: list[tuple[torch.dtype, int]] = field(default_factory=list)
+
     def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                     eps: float) -> torch.Tensor:
         raise AssertionError("CPU tensors never take the fused CUDA kernel")
+
+    def warm_up(self, dtype: torch.dtype, hidden_size: int) -> None:
+        self.warm_ups.append((dtype, hidden_size))
 
 
 @pytest.fixture
@@ -85,3 +90,19 @@ def test_a_deferred_projection_hands_out_partial_sums(two_ranks: list[int]) -> N
     with_bias = RowParallelLinear(8, 4, bias=True)
     with pytest.raises(ValueError, match="bias"):
         with_bias.defer_reduction()
+
+
+def test_start_up_warms_the_fast_all_reduce_up(tiny_model_path, monkeypatch) -> None:
+    """The engine's start-up compiles what only long prefill steps reach (the two-shot kernel,
+    past the one-shot's sizes), so that a served engine's first long prompt does not: the
+    warm-up calls it once, with the model's activation dtype and hidden size. (Here a TP=1
+    engine with a stand-in installed; the kernel itself: tests/gpu/test_compiles.py.)"""
+    from minisgl_worker.engine import Engine, EngineConfig
+
+    fast = FakeFast(max_numel=0)
+    monkeypatch.setattr(pg, "_TP", pg.TPState(fast_all_reduce=fast))
+    engine = Engine(EngineConfig(model_path=str(tiny_model_path), num_pages=16, max_slots=2))
+    try:
+        assert fast.warm_ups == [(engine.dtype, engine.model_config.hidden_size)]
+    finally:
+        engine.close()

@@ -169,7 +169,10 @@ def test_a_negative_two_shot_step_is_refused() -> None:
     assert EngineConfig(model_path="unused", two_shot_max_tokens=0).two_shot_step_tokens() == 0
     # default: the scheduler's default prefill chunk and a full decode batch in one step
     assert EngineConfig(model_path="unused", max_slots=64).two_shot_step_tokens() == 8192 + 64
-    assert EngineConfig(model_path="unused", max_slots=64).two_shot_step_tokens(100) == 164
+    assert EngineConfig(model_path="unused", max_slots=64,
+                        max_prefill_tokens=100).two_shot_step_tokens() == 164
+    with pytest.raises(ValueError, match="max_prefill_tokens must be >= 1"):
+        EngineConfig(model_path="unused", max_prefill_tokens=0)
 
 
 def test_lamport_programs_two_an_sm_only_where_two_surely_fit() -> None:

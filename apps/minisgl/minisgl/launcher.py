@@ -37,6 +37,35 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
+# Scheduler flags the worker must be started with too: the prefill chunk sizes the worker's TP
+# all-reduce buffer (a longer step would fall back to NCCL).
+_MIRRORED_FLAGS = ("--max-prefill-tokens",)
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The last value given for `flag` (as `--flag V` or `--flag=V`) in args, or None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _worker_mirrors(scheduler_args: list[str], worker_args: list[str]) -> list[str]:
+    """The worker's copies of `_MIRRORED_FLAGS` the scheduler got (in its flags or its
+    MINISGL_SCHEDULER_* variable) and the worker did not."""
+    out = []
+    for flag in _MIRRORED_FLAGS:
+        name = flag.removeprefix("--")
+        given = _flag_value(scheduler_args, flag) or env_default("scheduler", name, None)
+        if given is not None and _flag_value(worker_args, flag) is None \
+                and env_default("worker", name, None) is None:
+            out += [flag, str(given)]
+    return out
+
+
 _PORTS_GIVEN: set[int] = set()
 
 
@@ -191,7 +220,10 @@ class Stack:
         }
         if name == "gateway" and cfg.gateway_replicas > 1:
             common.append("--reuse-port")
-        return commands[name] + common + cfg.extra_args.get(name, [])
+        extra = cfg.extra_args.get(name, [])
+        if name == "worker":
+            extra = extra + _worker_mirrors(cfg.extra_args.get("scheduler", []), extra)
+        return commands[name] + common + extra
 
     def _spawn(self, name: str, key: str | None = None) -> None:
         out: int | IO[bytes] | None = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +41,9 @@ class LLM:
         sched_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         self.model_path = Path(model_path)
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
-        engine_config = EngineConfig(model_path=str(model_path), **kwargs)
         if "max_prefill_tokens" in sched_kwargs:  # TP: the all-reduce buffer covers its steps
-            engine_config = replace(engine_config, two_shot_max_tokens=engine_config
-                                    .two_shot_step_tokens(sched_kwargs["max_prefill_tokens"]))
+            kwargs["max_prefill_tokens"] = sched_kwargs["max_prefill_tokens"]
+        engine_config = EngineConfig(model_path=str(model_path), **kwargs)
         self.engine = Engine(engine_config)
         try:
             self.scheduler = Scheduler(self.engine, SchedulerConfig(**sched_kwargs))

@@ -167,6 +167,7 @@ def info_from_proto(m: worker_pb2.GetWorkerInfoResponse) -> WorkerInfo:
         max_model_len=m.max_model_len, max_slots=m.max_slots, vocab_size=m.vocab_size,
         eos_token_ids=list(m.eos_token_ids), tp_size=m.tp_size or 1, device=m.device,
         attention_backend=m.attention_backend, kv_cache_dtype=m.kv_cache_dtype, epoch=m.epoch,
+        two_shot_max_tokens=m.two_shot_max_tokens,
     )
 
 
@@ -176,4 +177,5 @@ def info_to_proto(i: WorkerInfo) -> worker_pb2.GetWorkerInfoResponse:
         max_model_len=i.max_model_len, max_slots=i.max_slots, vocab_size=i.vocab_size,
         eos_token_ids=i.eos_token_ids, tp_size=i.tp_size, device=i.device,
         attention_backend=i.attention_backend, kv_cache_dtype=i.kv_cache_dtype, epoch=i.epoch,
+        two_shot_max_tokens=i.two_shot_max_tokens,
     )

@@ -138,6 +138,9 @@ class WorkerInfo:
     # The worker process's identity, random per start (0: unknown, an older worker or an
     # in-process engine). Another value later means a restarted worker with an empty KV cache.
     epoch: int = 0
+    # TP: the largest step (tokens) whose all-reduces stay on the fused two-shot kernel; longer
+    # ones take NCCL. 0: none, or unknown (one GPU, an older worker).
+    two_shot_max_tokens: int = 0
 
 
 class StepExecutor:

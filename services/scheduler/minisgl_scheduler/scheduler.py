@@ -72,6 +72,14 @@ class Scheduler:
         self.max_running = min(self.config.max_running_requests, info.max_slots)
         self.eos_ids = frozenset(info.eos_token_ids)
         self._free_slots = list(range(info.max_slots))  # a heap: lowest slot first
+        step = self.config.max_prefill_tokens + self.max_running
+        if info.tp_size > 1 and 0 < info.two_shot_max_tokens < step:
+            log.warning(
+                "prefill steps of up to %d tokens (--max-prefill-tokens %d + %d running) exceed "
+                "the worker's fused TP all-reduce (%d tokens): longer steps go through NCCL, "
+                "slower. Start the worker with --max-prefill-tokens %d too.", step,
+                self.config.max_prefill_tokens, self.max_running, info.two_shot_max_tokens,
+                self.config.max_prefill_tokens)
 
     # -- public API ----------------------------------------------------------------------------
 

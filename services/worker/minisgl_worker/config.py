@@ -78,12 +78,15 @@ class EngineConfig:
     custom_all_reduce_max_mb: int = field(default=8, metadata=_help(
         "TP: the largest message (MiB) the custom all-reduce takes; larger ones (prefill "
         "chunks) go through NCCL. Each GPU holds 2 x tp_size x this in IPC buffers"))
+    max_prefill_tokens: int | None = field(default=None, metadata=_help(
+        "TP: the scheduler's --max-prefill-tokens (default 8,192): sizes the two-shot "
+        "all-reduce for steps of that many prompt tokens + max_slots (see "
+        "--two-shot-max-tokens); give both services the same value"))
     two_shot_max_tokens: int | None = field(default=None, metadata=_help(
-        "TP: steps of up to this many tokens (default: 8,192, the scheduler's default prefill "
-        "chunk, + max_slots) sum their row-parallel outputs past --custom-all-reduce-max-mb "
-        "with a two-shot CUDA IPC kernel fused with the residual add and RMSNorm instead of "
-        "NCCL; 0: NCCL. Each GPU holds (tp_size - 1) x tokens x hidden size x 2 bytes (bf16) "
-        "in an IPC buffer"))
+        "TP: steps of up to this many tokens (default: --max-prefill-tokens + max_slots) sum "
+        "their row-parallel outputs past --custom-all-reduce-max-mb with a two-shot CUDA IPC "
+        "kernel fused with the residual add and RMSNorm instead of NCCL; 0: NCCL. Each GPU "
+        "holds (tp_size - 1) x tokens x hidden size x 2 bytes (bf16) in an IPC buffer"))
     disable_sharded_sampling: bool = field(default=False, metadata=_help(
         "TP: gather the full vocabulary's logits on every rank for every draw, instead of "
         "drawing greedy and temperature-only batches from each rank's shard and exchanging one "
@@ -119,17 +122,19 @@ class EngineConfig:
             raise ValueError("mem_fraction must be in (0, 1]")
         if not 1 <= self.custom_all_reduce_max_mb <= 1024:
             raise ValueError("custom_all_reduce_max_mb must be in [1, 1024] (MiB)")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise ValueError("max_prefill_tokens must be >= 1")
         if self.two_shot_max_tokens is not None and self.two_shot_max_tokens < 0:
             raise ValueError("two_shot_max_tokens must be >= 0")
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank={self.tp_rank} must be in [0, tp_size={self.tp_size})")
 
-    def two_shot_step_tokens(self, prefill_chunk: int = DEFAULT_MAX_PREFILL_TOKENS) -> int:
+    def two_shot_step_tokens(self) -> int:
         """The largest step (tokens) the TP all-reduce's two-shot buffer covers (0: none):
-        --two-shot-max-tokens, else a scheduler's prefill chunk and a full decode batch."""
+        --two-shot-max-tokens, else the scheduler's prefill chunk and a full decode batch."""
         if self.two_shot_max_tokens is not None:
             return self.two_shot_max_tokens
-        return prefill_chunk + self.max_slots
+        return (self.max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS) + self.max_slots
 
     def torch_device(self) -> torch.device:
         if self.device == "auto" and not torch.cuda.is_available():

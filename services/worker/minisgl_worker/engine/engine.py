@@ -50,7 +50,8 @@ class Engine(ModelRunner, StepExecutor):
             max_slots=self.config.max_slots, vocab_size=mc.vocab_size,
             eos_token_ids=list(mc.eos_token_ids), tp_size=self.config.tp_size,
             device=str(self.device), attention_backend=describe(self.backend),
-            kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."))
+            kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
+            two_shot_max_tokens=self.two_shot_max_tokens)
 
     def launch(self, plan: StepPlan) -> None:
         if self._closed:

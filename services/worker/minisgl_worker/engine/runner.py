@@ -111,14 +111,18 @@ class ModelRunner:
         log.info("model %s loaded (%s, %s, quantization %s) in %.1fs", mc.architecture,
                  self.dtype, load_format, config.quantization, time.perf_counter() - t0)
         tp = config.tp_size
+        self.two_shot_max_tokens = 0  # the longest step whose all-reduces avoid NCCL (TP)
         if tp > 1 and device.type == "cuda" and not config.disable_custom_all_reduce:
             from ..kernels.all_reduce import OneShotAllReduce  # Triton: CUDA builds only
 
             # Before the KV cache is sized: its buffers come out of the budget.
-            dist.use_fast_all_reduce(OneShotAllReduce.create(
+            fast = OneShotAllReduce.create(
                 config.tp_rank, tp, dist.tp().cpu_group, device,
                 max_bytes=config.custom_all_reduce_max_mb << 20,
-                large_bytes=config.two_shot_step_tokens() * mc.hidden_size * self.dtype.itemsize))
+                large_bytes=config.two_shot_step_tokens() * mc.hidden_size * self.dtype.itemsize)
+            dist.use_fast_all_reduce(fast)
+            if fast is not None and fast.large is not None:
+                self.two_shot_max_tokens = config.two_shot_step_tokens()
         heads, kv_heads = dist.shard(mc.num_heads, "heads"), dist.shard(mc.num_kv_heads, "kv heads")
         self.num_pages = self._size_kv(kv_heads)
         self.max_pages_per_seq = -(-self.max_model_len // self.page_size)
@@ -207,7 +211,8 @@ class ModelRunner:
         use, a minute for FA3 on a machine without its cache) at start-up, where the startup
         probe waits, instead of inside the first request; so do the sampler's kernels
         (`_warm_up_sampler`) and the MoE experts' kernels at every tile config
-        (`fused_moe.warm_up`). Decode kernels compile in graph capture. Every rank runs it (its
+        (`fused_moe.warm_up`), and at TP > 1 the two-shot all-reduce of prefill steps past
+        the one-shot's sizes. Decode kernels compile in graph capture. Every rank runs it (its
         TP collectives match); the slot and page it used are left as at start. Returns the
         seconds it took."""
         started = time.perf_counter()
@@ -217,6 +222,9 @@ class ModelRunner:
                                                       input_ids=[0] * n, new_pages=[0])])
             hidden, _ = self._forward(self._upload(plan), use_graph=False)
         self._warm_up_sampler(hidden)
+        fast = dist.tp().fast_all_reduce  # TP: the all-reduce kernels of longer prefills
+        if fast is not None:
+            fast.warm_up(self.dtype, hidden.shape[-1])
         # MoE tile configs go by the step's token count: compile those this prefill missed.
         moe = next((m for m in self.model.modules() if isinstance(m, SparseMoeBlock)), None)
         if moe is not None and (counts := moe.warm_up_kernels(self.dtype)):

@@ -145,6 +145,13 @@ class OneShotAllReduce:
         return nbytes <= self.max_bytes or (with_norm and self.large is not None
                                             and self.large.supports(x))
 
+    def warm_up(self, dtype: torch.dtype, hidden_size: int) -> None:
+        """Compile, at start-up, what only prefill steps past `max_bytes` would reach (the
+        two-shot kernel); collective. The one-shot kernels compile in the decode graphs' capture
+        and the warm-up prefills."""
+        if self.large is not None:
+            self.large.warm_up(dtype, hidden_size)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel()
         if n == 0:

@@ -40,7 +40,10 @@ def _slot(sender: tl.constexpr, receiver: tl.constexpr, WORLD: tl.constexpr):
     return (sender - receiver - 1 + WORLD) % WORLD
 
 
-@triton.jit
+# `rows` (a prefill step's token count) is not specialised: one compile, at start-up (`warm_up`),
+# serves every step; Triton would otherwise compile again for the first step whose count falls in
+# another class (a multiple of 16 or not), inside a request.
+@triton.jit(do_not_specialize=["rows"])
 def two_shot_all_reduce_rmsnorm(x_ptr, res_ptr, w_ptr, out_ptr, buf_ptr, d0, d1, d2, d3, d4, d5,
                                 d6, d7, flag_ptrs, counter_ptr, rows, D, slot, eps,
                                 RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
@@ -115,6 +118,14 @@ class TwoShotAddRMSNorm:
 
     def supports(self, x: torch.Tensor) -> bool:
         return x.numel() * x.element_size() <= self.max_bytes
+
+    def warm_up(self, dtype: torch.dtype, hidden_size: int) -> None:
+        """Compile the kernel for rows of `hidden_size` (collective: every rank together, as
+        any call): a few rows stand in for every size."""
+        dev = self.data.local.device
+        x = torch.zeros(self.world, hidden_size, dtype=dtype, device=dev)
+        residual = torch.zeros_like(x)
+        self.add_rmsnorm(x, residual, torch.ones(hidden_size, dtype=dtype, device=dev), 1e-6)
 
     def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                     eps: float) -> torch.Tensor:

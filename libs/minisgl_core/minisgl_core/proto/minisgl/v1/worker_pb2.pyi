@@ -85,7 +85,7 @@ class GetWorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetWorkerInfoResponse(_message.Message):
-    __slots__ = ("model_name", "num_pages", "page_size", "max_model_len", "max_slots", "vocab_size", "eos_token_ids", "tp_size", "device", "attention_backend", "kv_cache_dtype", "epoch")
+    __slots__ = ("model_name", "num_pages", "page_size", "max_model_len", "max_slots", "vocab_size", "eos_token_ids", "tp_size", "device", "attention_backend", "kv_cache_dtype", "epoch", "two_shot_max_tokens")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class GetWorkerInfoResponse(_message.Message):
     ATTENTION_BACKEND_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TWO_SHOT_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     num_pages: int
     page_size: int
@@ -110,4 +111,5 @@ class GetWorkerInfoResponse(_message.Message):
     attention_backend: str
     kv_cache_dtype: str
     epoch: int
-    def __init__(self, model_name: _Optional[str] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., max_slots: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tp_size: _Optional[int] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    two_shot_max_tokens: int
+    def __init__(self, model_name: _Optional[str] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., max_slots: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tp_size: _Optional[int] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., epoch: _Optional[int] = ..., two_shot_max_tokens: _Optional[int] = ...) -> None: ...
