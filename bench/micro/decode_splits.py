@@ -61,9 +61,11 @@ def make_case(batch: int, hk: int, kv_dtype: torch.dtype, layers: int, seed: int
 
 def time_splits(q: torch.Tensor, caches: Caches,
                 table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, splits: int,
-                iters: int, tile: dict[str, int] | None = None) -> tuple[float, torch.Tensor]:
+                iters: int, tile: dict[str, int] | None = None,
+                order: torch.Tensor | None = None) -> tuple[float, torch.Tensor]:
     """(µs a layer call, layer 0's output) with `splits` splits; `tile`: paged_decode's
-    block_n / num_warps / num_stages where given (else its defaults)."""
+    block_n / num_warps / num_stages where given (else its defaults); `order`: its start
+    order of the requests."""
     batch, hq, _ = q.shape
     ws = (torch.empty(batch, hq, splits, D, device="cuda"),
           torch.empty(batch, hq, splits, device="cuda"))
@@ -71,7 +73,7 @@ def time_splits(q: torch.Tensor, caches: Caches,
 
     def layer(i: int) -> None:
         paged_decode(q, caches[i][0], caches[i][1], table, rows, seq_lens, D**-0.5, splits,
-                     out=outs[i], workspace=ws, **(tile or {}))
+                     out=outs[i], workspace=ws, order=order, **(tile or {}))
 
     us = graph_us(layer, iters, layers=len(caches))
     layer(0)
@@ -92,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv", nargs="+", default=["bf16", "fp8_e4m3"])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--order", nargs="+", default=["natural"], choices=["natural", "longest"],
+                   help="the requests' start order: as given, or longest first")
     p.add_argument("--context", type=int, default=None,
                    help="KV tokens of every request (e.g. 1280: bench.latency's mid-decode)")
     args = p.parse_args(argv)
@@ -110,16 +114,19 @@ def main(argv: list[str] | None = None) -> int:
                 q = torch.randn(batch, hq, D, device="cuda", dtype=torch.bfloat16)
                 kv_bytes = 2 * sum(lens) * hk * D * caches[0][0].element_size()
                 ref = None
-                default = choose_num_splits(batch, hk, MAX_MODEL_LEN,
-                                            caches[0][0].element_size())
-                for splits, bn, warps, stages in itertools.product(
-                        args.splits, args.block_n, args.num_warps, args.num_stages):
+                default = choose_num_splits(batch, hk, MAX_MODEL_LEN)
+                longest = torch.tensor(sorted(range(batch), key=lambda b: -lens[b]),
+                                       dtype=torch.int32, device="cuda")
+                for splits, bn, warps, stages, order in itertools.product(
+                        args.splits, args.block_n, args.num_warps, args.num_stages,
+                        args.order):
                     tile = {k: v for k, v in (("block_n", bn), ("num_warps", warps),
                                               ("num_stages", stages)) if v is not None}
                     splits = splits or default
                     try:
                         us, out = time_splits(q, caches, table, rows, seq_lens, splits,
-                                              args.iters, tile)
+                                              args.iters, tile,
+                                              longest if order == "longest" else None)
                     except Exception as exc:  # a tile past the GPU's shared memory or registers
                         print(json.dumps({"bench": "decode_splits", "model": model, "kv": kv,
                                           "batch": batch, "splits": splits, **tile,
@@ -130,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                     worst = max(worst, diff)
                     print(json.dumps({
                         "bench": "decode_splits", "model": model, "kv": kv, "batch": batch,
-                        "splits": splits, "default": default, **tile,
+                        "splits": splits, "default": default, "order": order, **tile,
                         "us": round(us, 1), "tb_s": round(kv_bytes / us / 1e6, 2),
                         "max_diff_vs_first": round(diff, 5)}), flush=True)
     return 1 if worst > 2e-2 else 0

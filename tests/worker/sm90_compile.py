@@ -41,9 +41,9 @@ class Case:
 _DELTAS = {f"d{i}": "i64" for i in range(8)}
 _PDL = {"USE_PDL": True}
 _DECODE = dict(PAGE_SIZE=64, GROUP=4, HEAD_DIM=128, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
-               PRECISION="tf32", **_PDL)
+               PRECISION="tf32", NUM_KV_HEADS=8, **_PDL)
 _DECODE_PTRS = {"page_table_ptr": "*i32", "rows_ptr": "*i32", "seq_lens_ptr": "*i32",
-                "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+                "order_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32"}
 _FP8 = "*fp8e4nv"
 
 _MOE_TILE_PTRS = {"sorted_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}
@@ -92,7 +92,8 @@ CASES = [
          {**_DELTAS, "eps": "fp32"}),
     Case("paged_decode", "_decode_split_kernel", {**_DECODE, "MMA_FP16": False, "DIRECT": False},
          _DECODE_PTRS, {"qk_scale": "fp32"}, {"num_warps": 4, "num_stages": 3}),
-    Case("paged_decode", "_decode_split_kernel", {**_DECODE, "MMA_FP16": True, "DIRECT": True},
+    Case("paged_decode", "_decode_split_kernel",
+         {**_DECODE, "MMA_FP16": True, "DIRECT": True, "ORDERED": True},
          {**_DECODE_PTRS, "k_ptr": _FP8, "v_ptr": _FP8}, {"qk_scale": "fp32"},
          {"num_warps": 4, "num_stages": 3}),
     Case("paged_decode", "_decode_merge_kernel",

@@ -54,6 +54,8 @@ def test_decode_batch_padded_to_graph_size_with_dummy_rows() -> None:
     assert batch.kv_indices.tolist() == want[1].tolist()
     assert batch.kv_last_page_len_host.tolist() == want[2].tolist()
     assert batch.qo_indptr_host.tolist() == [0, 1, 2, 3, 4]
+    # The decode kernel's start order: longest row first, the padding row last.
+    assert batch.decode_order.tolist() == [1, 0, 2, 3]
 
 
 def test_mixed_batch_is_not_padded_and_layout_matches() -> None:
@@ -71,6 +73,7 @@ def test_mixed_batch_is_not_padded_and_layout_matches() -> None:
     want = paged_kv_layout(batch)
     assert batch.kv_indices.tolist() == want[1].tolist()
     assert batch.kv_indptr_host.tolist() == want[0].tolist() == [0, 2, 3]
+    assert batch.decode_order is None  # not a decode step
 
 
 def _random_plan(rng: random.Random, b: PlanBuilder) -> StepPlan:

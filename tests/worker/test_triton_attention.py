@@ -120,6 +120,23 @@ def test_decode_zero_length_row_and_workspace():
     assert bool(ws[0].isnan().all()) and bool(ws[1].isnan().all())
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_in_any_start_order_gives_the_same_output(num_splits: int):
+    """`order` only changes which programs start first (longest first, in the engine): every
+    row's output is bit for bit the one of the natural order, with the merge too."""
+    lens = [5, 40, 16, 33, 1]
+    pool = Pool(lens, 4, 2, seed=3)
+    q = torch.randn(len(lens), 4, HEAD_DIM, generator=torch.Generator().manual_seed(4))
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    natural = paged_decode.paged_decode(q, pool.k, pool.v, pool.table, pool.rows, seq_lens,
+                                        0.3, num_splits=num_splits, block_n=16)
+    longest = torch.argsort(seq_lens, descending=True, stable=True).to(torch.int32)
+    for order in (longest, torch.tensor([4, 2, 0, 3, 1], dtype=torch.int32)):
+        out = paged_decode.paged_decode(q, pool.k, pool.v, pool.table, pool.rows, seq_lens,
+                                        0.3, num_splits=num_splits, block_n=16, order=order)
+        assert torch.equal(out, natural)
+
+
 def test_decode_empty_splits_are_neither_written_nor_read():
     """A split count sized for long contexts over short rows (a CUDA graph's): the splits past a
     row's KV store no partials and the merge reads only those that hold tokens, so a workspace
@@ -190,16 +207,15 @@ def test_store_kv_writes_only_its_slots(page_size: int):
 def test_choose_num_splits():
     assert paged_decode.choose_num_splits(256, 8, 100) == 1
     assert paged_decode.choose_num_splits(256, 8, 40960) == 1  # a full batch: no merge
-    assert paged_decode.choose_num_splits(128, 8, 40960) == 1  # 1,024 programs
-    assert paged_decode.choose_num_splits(128, 8, 40960, kv_bytes=1) == 2  # fp8 below 256
-    assert paged_decode.choose_num_splits(256, 8, 40960, kv_bytes=1) == 1
-    assert paged_decode.choose_num_splits(128, 4, 40960) == 2
-    assert paged_decode.choose_num_splits(96, 4, 40960) == 2  # 384 programs: rounds down
-    assert paged_decode.choose_num_splits(256, 4, 40960) == 1  # 4 KV heads: still one
-    assert paged_decode.choose_num_splits(256, 2, 40960) == 2
+    assert paged_decode.choose_num_splits(64, 8, 40960) == 1  # 512 programs
+    assert paged_decode.choose_num_splits(32, 8, 40960) == 2
+    assert paged_decode.choose_num_splits(128, 4, 40960) == 1
+    assert paged_decode.choose_num_splits(64, 4, 40960) == 2  # 256 programs
+    assert paged_decode.choose_num_splits(48, 4, 40960) == 2  # 192 programs: rounds down
+    assert paged_decode.choose_num_splits(256, 2, 40960) == 1
     assert paged_decode.choose_num_splits(1, 8, 32768) == 32
     assert paged_decode.choose_num_splits(4, 8, 1000) == 4  # capped by the 256-token slices
-    assert paged_decode.choose_num_splits(64, 8, 200, kv_bytes=1) == 1  # one slice: no split
+    assert paged_decode.choose_num_splits(16, 8, 200) == 1  # one slice: no split
     for b in (1, 3, 17, 300):
         n = paged_decode.choose_num_splits(b, 2, 5000)
         assert n & (n - 1) == 0 and 1 <= n <= paged_decode.MAX_SPLITS

@@ -296,3 +296,20 @@ def test_flashinfer_backend_plumbing(monkeypatch):
         torch.testing.assert_close(got[:, : len(reqs)], expect[:, : len(reqs)],
                                    atol=1e-5, rtol=1e-5)
     assert fi._graph_wrappers[4].plans == 2 and fi._graph_wrappers[2].plans == 2
+
+
+def test_decode_programs_start_longest_first() -> None:
+    """The decode kernel starts its programs longest row first: the order the engine uploaded
+    with the step, else one sorted from the lengths (eagerly, and into the graph's buffer)."""
+    backend = TritonBackend(CFG, make_pool(0))
+    batch = make_batch(backend.pool, [(1, 10, 1), (3, 3, 1), (4, 12, 1)])
+    backend.prepare(batch)
+    assert backend._meta.order.tolist() == [2, 0, 1]
+    backend.init_cuda_graph(4)
+    backend.prepare_for_replay(make_batch(backend.pool, [(1, 10, 1), (3, 3, 1)], pad_to=4))
+    assert backend._meta.order.tolist() == [0, 1, 2, 3]  # padding (seq_len 1) last
+    assert backend._meta.order.data_ptr() == backend._graph.order.data_ptr()
+    uploaded = make_batch(backend.pool, [(1, 10, 1), (3, 3, 1), (4, 12, 1)])
+    uploaded.decode_order = torch.tensor([1, 2, 0], dtype=torch.int32)  # taken as given
+    backend.prepare(uploaded)
+    assert backend._meta.order is uploaded.decode_order

@@ -108,6 +108,9 @@ class ForwardBatch:
     kv_indptr_host: torch.Tensor | None = None  # int32 [B+1]: FlashInfer's paged_kv_indptr
     kv_indices: torch.Tensor | None = None  # int32 [kv_indptr[-1]] on the device
     kv_last_page_len_host: torch.Tensor | None = None  # int32 [B]
+    # Decode steps: the rows longest first (int32 [B] on the device), the order in which the
+    # Triton decode kernel starts its programs, so that the longest do not start last.
+    decode_order: torch.Tensor | None = None
 
     def num_pages_host(self) -> list[int]:
         """Pages each request's KV spans after this step (FlashInfer: diff of paged_kv_indptr)."""

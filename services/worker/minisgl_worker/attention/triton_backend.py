@@ -31,6 +31,7 @@ class _StepMeta:
     max_extend_len: int
     num_splits: int
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+    order: torch.Tensor | None = None  # [B] int32: decode rows longest first (paged_decode)
 
 
 @dataclass
@@ -41,6 +42,7 @@ class _GraphBuffers:
     rows: torch.Tensor  # [max_bs] int32
     qo_indptr: torch.Tensor  # [max_bs + 1] int32 (0..max_bs: one token per row)
     cache_lens: torch.Tensor  # [max_bs] int32
+    order: torch.Tensor  # [max_bs] int32: the decode rows longest first
     partial: torch.Tensor  # flat fp32 split-K workspace, shared by every graph (never concurrent)
 
 
@@ -81,7 +83,8 @@ class TritonBackend(AttentionBackend):
             is_decode=batch.is_decode, out_loc=batch.out_loc, page_table=batch.page_table,
             rows=self._arange_rows(batch.batch_size), seq_lens=batch.seq_lens,
             qo_indptr=batch.qo_indptr, cache_lens=batch.cache_lens,
-            max_extend_len=batch.max_extend_len, num_splits=splits)
+            max_extend_len=batch.max_extend_len, num_splits=splits,
+            order=_longest_first(batch) if batch.is_decode else None)
 
     def store_loc(self) -> torch.Tensor | None:
         return self._meta.out_loc if self._meta is not None else None  # graph: g.out_loc slice
@@ -97,7 +100,7 @@ class TritonBackend(AttentionBackend):
         if m.is_decode:
             return self._decode.paged_decode(
                 q, k_cache, v_cache, m.page_table, m.rows, m.seq_lens, self.config.scale,
-                m.num_splits, workspace=m.workspace)
+                m.num_splits, workspace=m.workspace, order=m.order)
         return self._extend.paged_extend(
             q, k_cache, v_cache, m.page_table, m.rows, m.qo_indptr, m.cache_lens,
             m.max_extend_len, self.config.scale)
@@ -111,7 +114,7 @@ class TritonBackend(AttentionBackend):
         a request's KV exit at once)."""
         c = self.config
         return self._decode.choose_num_splits(1 << max(0, bs - 1).bit_length(), c.num_kv_heads,
-                                              c.max_model_len, c.cache_dtype.itemsize)
+                                              c.max_model_len)
 
     def init_cuda_graph(self, max_bs: int) -> None:
         c, dev = self.config, self.config.device
@@ -125,6 +128,7 @@ class TritonBackend(AttentionBackend):
             rows=torch.arange(max_bs, dtype=torch.int32, device=dev),
             qo_indptr=torch.arange(max_bs + 1, dtype=torch.int32, device=dev),
             cache_lens=torch.zeros(max_bs, dtype=torch.int32, device=dev),
+            order=torch.arange(max_bs, dtype=torch.int32, device=dev),
             partial=torch.empty(partial_rows * c.num_qo_heads * (c.head_dim + 1),
                                 dtype=torch.float32, device=dev),
         )
@@ -143,6 +147,7 @@ class TritonBackend(AttentionBackend):
         g.page_table[:bs, :pages].copy_(batch.page_table, non_blocking=True)
         g.seq_lens[:bs].copy_(batch.seq_lens, non_blocking=True)
         g.out_loc[:bs].copy_(batch.out_loc, non_blocking=True)
+        g.order[:bs].copy_(_longest_first(batch), non_blocking=True)
         splits = self._graph_splits(bs)
         h, d = c.num_qo_heads, c.head_dim
         n_o = bs * h * splits * d
@@ -152,4 +157,14 @@ class TritonBackend(AttentionBackend):
             is_decode=True, out_loc=g.out_loc[:bs], page_table=g.page_table[:bs],
             rows=g.rows[:bs], seq_lens=g.seq_lens[:bs], qo_indptr=g.qo_indptr[: bs + 1],
             cache_lens=g.cache_lens[:bs], max_extend_len=1, num_splits=splits,
-            workspace=(part_o, part_lse))
+            workspace=(part_o, part_lse), order=g.order[:bs])
+
+
+def _longest_first(batch: ForwardBatch) -> torch.Tensor:
+    """The decode rows longest first: the engine's (PlanBuilder uploads it with the step),
+    else sorted here on the device (batches built elsewhere: tests, the graph runner's
+    padding)."""
+    order = batch.decode_order
+    if order is not None and order.numel() == batch.batch_size:
+        return order
+    return torch.argsort(batch.seq_lens, descending=True, stable=True).to(torch.int32)

@@ -217,10 +217,12 @@ class PlanBuilder:
                        else np.zeros((3, 0), dtype=np.int64))
         i64 = [input_ids, pos, out_loc, slots, sample_idx, sample_slots, sample_pos, decode_idx,
                decode_slots, page_writes.reshape(-1)]
-        i32 = [cache, ext, seq, indptr, rows.reshape(-1), kv_indptr, kv_indices, kv_last]
+        # longest first (stable: ties keep row order); padding rows (seq_len 1) end up last
+        order = np.argsort(-seq, kind="stable") if is_decode else np.zeros(0, dtype=np.int64)
+        i32 = [cache, ext, seq, indptr, rows.reshape(-1), kv_indptr, kv_indices, kv_last, order]
         (ids_d, pos_d, loc_d, slots_d, sidx_d, sslots_d, spos_d, didx_d, dslots_d,
          writes_d), _ = self._upload(i64, np.int64)
-        (cache_d, ext_d, seq_d, indptr_d, rows_d, kvp_d, kvi_d, kvl_d), host32 = \
+        (cache_d, ext_d, seq_d, indptr_d, rows_d, kvp_d, kvi_d, kvl_d, order_d), host32 = \
             self._upload(i32, np.int32)
         batch = ForwardBatch(
             batch_size=bs, num_tokens=t, is_decode=is_decode, page_size=ps, positions=pos_d,
@@ -231,6 +233,7 @@ class PlanBuilder:
             max_seq_len=int(seq.max()) if bs else 0, max_extend_len=int(ext.max()) if bs else 0,
             sample_indices=sidx_d, qo_indptr_host=host32[3], kv_indptr_host=host32[5],
             kv_indices=kvi_d, kv_last_page_len_host=host32[7],
+            decode_order=order_d if is_decode else None,
         )
         step = DeviceStep(batch, ids_d, didx_d, dslots_d, sslots_d, spos_d,
                           sample_slots.tolist(), rids, len(decode_idx), writes_d.view(3, -1))

@@ -27,16 +27,15 @@ from .pdl import begin as _pdl_begin
 _LOG2E = 1.4426950408889634
 # Stage-1 programs (batch x KV heads x splits) worth launching: splits = the largest power of two
 # <= _TARGET_PROGRAMS / (batch x KV heads), so one split (the kernel writes the output itself: no
-# fp32 partials, no merge launch) from 1,024 programs on. Fitted on an H200 (bench.micro.
-# decode_splits, batches 16-256, contexts 100-2,048, docs/benchmarks/log/2026-11-26-splits.md):
-# within 4.4 % of the best split count at every power-of-two batch (mostly within 2 %),
-# where the earlier 2,048 took 4 splits at batches 65-128 with 4 KV heads (5-7 % slower) and 2
-# at 128 with 8. An H100 agrees at batches 128/256 (2026-11-26-moe).
-_TARGET_PROGRAMS = 1024
-# An fp8 cache reads half the bytes a token for the same arithmetic: below a full batch, two
-# splits beat one by 2-5 % (H200: 8 KV heads at 128/160/192, 124.6/149.5/180.6 us against
-# 128.8/151.3/180.9; H100 at 128: 127.4 against 133.4).
-_FP8_DIRECT_BATCH = 256
+# fp32 partials, no merge launch) from 512 programs on. Fitted on an H100 with the programs
+# started longest request first (bench.micro.decode_splits --order longest, contexts
+# 100-2,048, docs/benchmarks/log/2026-11-27-longest-first.md), bf16 and fp8 caches alike:
+# one split beat two at 512-2,048 programs (8 KV heads, batch 64: 99.4 against 99.9 us; fp8
+# batch 128: 116.7 against 125.7; 4 KV heads, batch 128: 105.8 against 107.8, fp8 64.3 against
+# 71.6), two beat one at 256 (4 KV heads, batch 64: 55.3 against 60.1, fp8 38.2 against 50.9).
+# (Started in batch order, long requests starting last set the kernel's end and splitting
+# paid off sooner: 1,024 programs, and two splits for an fp8 cache below a batch of 256.)
+_TARGET_PROGRAMS = 512
 _MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 
@@ -55,8 +54,8 @@ def _split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr):
 # paged_extend's kernel.
 @triton.jit(do_not_specialize=["stride_pt"])
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
-    out_ptr, qk_scale, num_splits,
+    q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens_ptr, order_ptr, part_o_ptr,
+    part_lse_ptr, out_ptr, qk_scale, num_splits,
     stride_qb, stride_qh,
     stride_kp, stride_kt, stride_kh,
     stride_vp, stride_vt, stride_vh,
@@ -65,13 +64,16 @@ def _decode_split_kernel(
     stride_lb, stride_lh, stride_outb, stride_outh,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, MMA_FP16: tl.constexpr, DIRECT: tl.constexpr = False,
-    USE_PDL: tl.constexpr = False,
+    PRECISION: tl.constexpr, MMA_FP16: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    DIRECT: tl.constexpr = False, ORDERED: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
     _pdl_begin(USE_PDL)
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    # Programs start in grid order: every KV head of a request, request after request, in
+    # `order` (longest first) when given, so that the longest ones do not start last.
+    i = tl.program_id(0) // NUM_KV_HEADS
+    kvh = tl.program_id(0) % NUM_KV_HEADS
+    split = tl.program_id(1)
+    b = tl.load(order_ptr + i) if ORDERED else i
     seq_len = tl.load(seq_lens_ptr + b)
     row = tl.load(rows_ptr + b).to(tl.int64)
     per_split = _split_tokens(seq_len, num_splits, BLOCK_N)
@@ -187,12 +189,10 @@ def _default_stages(device: torch.device, row_bytes: int) -> int:
     return 3 if 3 * 2 * _BLOCK_N * row_bytes <= smem * 3 // 4 else 2
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, kv_bytes: int = 2) -> int:
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
     """Enough splits to fill the GPU when the batch is small, never slices under a few hundred
-    tokens; a power of two so that few variants get compiled. `kv_bytes`: of a cache element."""
+    tokens; a power of two so that few variants get compiled. The same for any cache dtype."""
     want = max(1, _TARGET_PROGRAMS // max(1, batch * num_kv_heads))
-    if kv_bytes == 1 and batch < _FP8_DIRECT_BATCH:
-        want = max(want, 2)
     want = min(want, triton.cdiv(max(1, max_seq_len), _MIN_SPLIT_TOKENS), MAX_SPLITS)
     return 1 << (want.bit_length() - 1)  # the largest power of two <= want
 
@@ -202,10 +202,13 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  sm_scale: float, num_splits: int, out: torch.Tensor | None = None,
                  block_n: int = _BLOCK_N,
                  workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+                 num_warps: int = 4, num_stages: int | None = None,
+                 order: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, D] -> [B, H, D]. rows [B]: page-table row of each request; seq_lens [B] int32:
     KV tokens (the current token's K/V already stored). `workspace` (partial outputs
-    [B, H, S, D] fp32, lse [B, H, S] fp32) may be preallocated for CUDA graphs."""
+    [B, H, S, D] fp32, lse [B, H, S] fp32) may be preallocated for CUDA graphs. `order` [B]
+    int32, a permutation of 0..B-1: the requests in the order their programs start (longest
+    first shortens the kernel's tail); None: 0..B-1."""
     batch, num_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -226,8 +229,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     launch = pdl.options(q)
     mma_fp16 = k_cache.element_size() == 1 and q.dtype in (torch.bfloat16, torch.float16)
     direct = num_splits == 1
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, page_table, rows, seq_lens, part_o, part_lse, out,
+    _decode_split_kernel[(batch * num_kv_heads, num_splits)](
+        q, k_cache, v_cache, page_table, rows, seq_lens, rows if order is None else order,
+        part_o, part_lse, out,
         sm_scale * _LOG2E, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -237,7 +241,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-        PRECISION=precision, MMA_FP16=mma_fp16, DIRECT=direct, num_warps=num_warps,
+        PRECISION=precision, MMA_FP16=mma_fp16, NUM_KV_HEADS=num_kv_heads, DIRECT=direct,
+        ORDERED=order is not None, num_warps=num_warps,
         num_stages=num_stages, **launch,
     )
     if direct:
