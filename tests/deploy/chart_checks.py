@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from minisgl_core.config import flag_value as flag
+
 from .kubesim.runtime import image_entrypoints, image_target
 
 # A service that is not told --host listens on loopback only (minisgl_core.config).
@@ -18,17 +20,6 @@ TP_TEARDOWN_S = 30
 def argv(container: dict[str, Any]) -> list[str]:
     command = container.get("command") or image_entrypoints()[image_target(container["image"])]
     return [str(a) for a in [*command, *container.get("args", [])]]
-
-
-def flag(args: list[str], name: str) -> str | None:
-    """The value the service's argparse ends with: the last --name=V or --name V."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def pod_wide_ports(container: dict[str, Any]) -> set[int]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from minisgl_core.config import DEFAULT_PORTS, env_default
+from minisgl_core.config import DEFAULT_PORTS, env_default, flag_value
 from minisgl_core.logging import log_fields
 from minisgl_core.security import TLS_DIR_ENV, TOKEN_FILE_ENV, InternalSecurity
 from minisgl_core.serving import wait_for_health
@@ -42,25 +42,14 @@ _PR_SET_PDEATHSIG = 1
 _MIRRORED_FLAGS = ("--max-prefill-tokens",)
 
 
-def _flag_value(args: list[str], flag: str) -> str | None:
-    """The last value given for `flag` (as `--flag V` or `--flag=V`) in args, or None."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def _worker_mirrors(scheduler_args: list[str], worker_args: list[str]) -> list[str]:
     """The worker's copies of `_MIRRORED_FLAGS` the scheduler got (in its flags or its
     MINISGL_SCHEDULER_* variable) and the worker did not."""
     out = []
     for flag in _MIRRORED_FLAGS:
         name = flag.removeprefix("--")
-        given = _flag_value(scheduler_args, flag) or env_default("scheduler", name, None)
-        if given is not None and _flag_value(worker_args, flag) is None \
+        given = flag_value(scheduler_args, flag) or env_default("scheduler", name, None)
+        if given is not None and flag_value(worker_args, flag) is None \
                 and env_default("worker", name, None) is None:
             out += [flag, str(given)]
     return out

@@ -43,6 +43,18 @@ def version() -> str:
         return "0+unknown"
 
 
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value an argv list gives `flag` as the service's argparse ends with it: the last
+    `--flag V` or `--flag=V`; None if absent."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def env_name(service: str, flag: str) -> str:
     return f"MINISGL_{service}_{flag}".upper().replace("-", "_")
 
