@@ -313,3 +313,25 @@ def test_decode_programs_start_longest_first() -> None:
     uploaded.decode_order = torch.tensor([1, 2, 0], dtype=torch.int32)  # taken as given
     backend.prepare(uploaded)
     assert backend._meta.order is uploaded.decode_order
+
+
+def test_start_up_prefills_reach_both_tiles_of_the_prefill_kernel(tiny_model_path,
+                                                                   monkeypatch) -> None:
+    """The start-up warm-up prefills 8 and 64 tokens, and the 64 span several pages when pages
+    are smaller: both tiles of the Triton prefill kernel (16 rows, and 64 past 32 query tokens)
+    run, and compile, before any request. Before, each warm-up prefill was cut to one page,
+    and with pages of 16 the first prompt over 32 tokens compiled the larger tile."""
+    from minisgl_worker.engine import Engine, EngineConfig
+
+    seen: list[int] = []
+    real = paged_extend.paged_extend
+    monkeypatch.setattr(paged_extend, "paged_extend",
+                        lambda *a, **kw: (seen.append(a[7]), real(*a, **kw))[1])
+    engine = Engine(EngineConfig(model_path=str(tiny_model_path), attention_backend="triton",
+                                 page_size=16, num_pages=32, max_slots=2,
+                                 hf_overrides={"num_hidden_layers": 1}))
+    try:
+        assert sorted(set(seen)) == [8, 64]  # max query tokens of the warm-up's steps
+        assert engine.builder.pages_len[0] == 0  # slot 0 handed back
+    finally:
+        engine.close()

@@ -205,21 +205,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up_prefill(self, num_tokens: tuple[int, ...] = (8, 64)) -> float:
-        """Throwaway prefills into page 0 before any request, one of each of `num_tokens` tokens
-        (as far as a page holds them: 8 and 64 take both of the Triton prefill kernel's tile
-        variants): the prefill attention kernels compile (FlashInfer JIT-compiles them on first
+        """Throwaway prefills into the first pages before any request, one of each of
+        `num_tokens` tokens (8 and 64 take both of the Triton prefill kernel's tile variants,
+        whatever the page size): the prefill attention kernels compile (FlashInfer JIT-compiles them on first
         use, a minute for FA3 on a machine without its cache) at start-up, where the startup
         probe waits, instead of inside the first request; so do the sampler's kernels
         (`_warm_up_sampler`) and the MoE experts' kernels at every tile config
         (`fused_moe.warm_up`), and at TP > 1 the two-shot all-reduce of prefill steps past
         the one-shot's sizes. Decode kernels compile in graph capture. Every rank runs it (its
-        TP collectives match); the slot and page it used are left as at start. Returns the
-        seconds it took."""
+        TP collectives match); the slot it used is left as at start, the pages hold garbage
+        that no request reads before writing. Returns the seconds it took."""
         started = time.perf_counter()
-        sizes = sorted({max(1, min(n, self.page_size, self.max_model_len)) for n in num_tokens})
-        for n in sizes:
+        room = min(self.max_model_len, self.num_pages * self.page_size,
+                   self.max_pages_per_seq * self.page_size)
+        for n in sorted({max(1, min(n, room)) for n in num_tokens}):
+            pages = list(range(-(-n // self.page_size)))
             plan = StepPlan(step_id=-1, reqs=[ReqPlan(rid=-1, slot=0, cache_len=0,
-                                                      input_ids=[0] * n, new_pages=[0])])
+                                                      input_ids=[0] * n, new_pages=pages)])
             hidden, _ = self._forward(self._upload(plan), use_graph=False)
         self._warm_up_sampler(hidden)
         fast = dist.tp().fast_all_reduce  # TP: the all-reduce kernels of longer prefills
