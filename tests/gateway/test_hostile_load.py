@@ -85,6 +85,13 @@ class StreamWatch:
         self._thread.join(120)
 
     def longest_gap(self, start: float, end: float) -> float:
+        """The longest pause between chunks from `start` to STALL_S past `end`: first waits
+        until the stream has run that far (a refusal answered in 40 ms leaves one or two
+        chunks between start and end; reading the gap at `end` measured nothing)."""
+        deadline = time.monotonic() + 30
+        while (self._thread.is_alive() and time.monotonic() < deadline
+               and (not self.arrivals or self.arrivals[-1] < end + STALL_S)):
+            time.sleep(0.01)
         times = [t for t in self.arrivals if start <= t <= end + STALL_S]
         assert len(times) >= 2, "the unrelated stream ended before the hostile requests"
         return max(b - a for a, b in zip(times, times[1:], strict=False))
