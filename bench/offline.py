@@ -10,6 +10,7 @@ roofline (weights + KV reads per decode step at the measured HBM bandwidth).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -31,6 +32,29 @@ def workload(num_seqs: int = 256, max_input: int = 1024, max_output: int = 1024,
                for _ in range(num_seqs)]
     outputs = [random.randint(100, max_output) for _ in range(num_seqs)]
     return prompts, outputs
+
+
+class GcPauses:
+    """Counts and times the garbage collector's passes while the `with` block runs."""
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.passes[info["generation"]] += 1
+            self.seconds += time.perf_counter() - self._t0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._on_gc)
 
 
 def warm_up_requests() -> tuple[list[list[int]], list[int]]:
@@ -65,7 +89,8 @@ def main() -> int:
     p.add_argument("--quantization", default="none", choices=["none", "fp8"],
                    help="fp8: projections, experts as fp8 rows (the roofline reads 1 byte a weight)")
     p.add_argument("--max-running-requests", type=int, default=256)
-    p.add_argument("--max-prefill-tokens", type=int, default=None)
+    p.add_argument("--max-prefill-tokens", type=int, default=None,
+                   help="prompt tokens a step (default: the LLM class's, 16,384)")
     p.add_argument("--disable-overlap", action="store_true")
     p.add_argument("--compare-overlap", action="store_true",
                    help="run twice, overlap off then on, and report both (same outputs checked)")
@@ -133,8 +158,10 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
               for n in out_lens]
     warm_up(llm, args.temperature)
+    pauses = GcPauses()
     start = time.perf_counter()
-    results = llm.generate(prompts, params, progress=True)  # a bar on a terminal only
+    with pauses:
+        results = llm.generate(prompts, params, progress=True)  # a bar on a terminal only
     elapsed = time.perf_counter() - start
     produced = sum(len(r["token_ids"]) for r in results)
     assert produced == sum(out_lens), (produced, sum(out_lens))
@@ -148,7 +175,7 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         "tp": args.tp_size, "backend": args.attention_backend,
         "attention": describe(llm.engine.backend),
         "decode_backend": args.decode_attention_backend,
-        "max_prefill_tokens": args.max_prefill_tokens,
+        "max_prefill_tokens": llm.scheduler.config.max_prefill_tokens,  # the LLM's default too
         "overlap": not args.disable_overlap, "cache": args.cache,
         "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
         "cuda_graph": not args.disable_cuda_graph,
@@ -161,6 +188,9 @@ def run_once(args: argparse.Namespace, prompts: list[list[int]],
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "input_tokens": sum(map(len, prompts)), "output_tokens": produced,
         "seconds": round(elapsed, 3), "output_tok_s": round(produced / elapsed, 1),
+        # the cyclic collector's passes inside the timed run: how many of each generation and
+        # the seconds they held the step loop (host time the GPU may or may not have hidden)
+        "gc_passes": pauses.passes, "gc_seconds": round(pauses.seconds, 4),
     }
     if bw:
         shape = ModelShape.from_config(args.model, tp_size=args.tp_size,

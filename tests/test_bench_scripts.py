@@ -47,6 +47,8 @@ def test_offline_workload_overlap_on_and_off(model_dir: Path) -> None:
         assert r["input_tokens"] == sum(map(len, prompts))
         assert r["output_tokens"] == sum(outputs)
         assert r["output_tok_s"] > 0 and r["roofline_s"] > 0 and r["pct_of_roofline"] > 0
+        assert r["max_prefill_tokens"] == 16384  # the LLM class's default, as recorded
+        assert len(r["gc_passes"]) == 3 and r["gc_seconds"] >= 0
 
 
 def test_latency_script(model_dir: Path) -> None:

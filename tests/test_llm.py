@@ -92,6 +92,19 @@ def _squeezed_outputs(path: Path, engine: dict) -> list[tuple[list[int], str]]:
     return outs
 
 
+def test_offline_default_prefill_chunk_reaches_scheduler_and_worker(llm: LLM) -> None:
+    """The LLM prefills 16,384 prompt tokens a step unless told otherwise (the services: 8,192),
+    and the worker's TP all-reduce buffer is sized for the same steps."""
+    from minisgl_core.config import DEFAULT_MAX_PREFILL_TOKENS, OFFLINE_MAX_PREFILL_TOKENS
+    from minisgl_scheduler import SchedulerConfig
+
+    assert (OFFLINE_MAX_PREFILL_TOKENS, DEFAULT_MAX_PREFILL_TOKENS) == (16384, 8192)
+    assert SchedulerConfig().max_prefill_tokens == DEFAULT_MAX_PREFILL_TOKENS
+    assert llm.scheduler.config.max_prefill_tokens == OFFLINE_MAX_PREFILL_TOKENS
+    cfg = llm.engine.config
+    assert cfg.two_shot_step_tokens() == OFFLINE_MAX_PREFILL_TOKENS + cfg.max_slots
+
+
 def test_bad_prompts_raise_clear_errors(llm: LLM) -> None:
     with pytest.raises(ContextLengthExceeded, match="context window"):
         llm.generate([[5] * 5000], SamplingParams(max_tokens=4))

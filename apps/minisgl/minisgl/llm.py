@@ -5,7 +5,9 @@
     print(outs[0]["text"])
 
 Keyword arguments named like a `SchedulerConfig` field configure the scheduler; every other one
-goes to the worker's `EngineConfig` (dtype, page size, memory, attention backend, ...).
+goes to the worker's `EngineConfig` (dtype, page size, memory, attention backend, ...). One
+default differs from the services': prompt tokens a step (`max_prefill_tokens`) is
+`OFFLINE_MAX_PREFILL_TOKENS` (16,384, for throughput) rather than 8,192.
 
 Like the services, a constructed `LLM` freezes the objects alive at that point out of the cyclic
 garbage collector's generations (minisgl_core.gc_pause: full collections walking the model and
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from minisgl_core.config import OFFLINE_MAX_PREFILL_TOKENS
 from minisgl_core.gc_pause import freeze_startup_objects, thaw
 from minisgl_core.progress import Counter
 from minisgl_core.sampling import SamplingParams
@@ -41,8 +44,9 @@ class LLM:
         sched_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         self.model_path = Path(model_path)
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
-        if "max_prefill_tokens" in sched_kwargs:  # TP: the all-reduce buffer covers its steps
-            kwargs["max_prefill_tokens"] = sched_kwargs["max_prefill_tokens"]
+        sched_kwargs.setdefault("max_prefill_tokens", OFFLINE_MAX_PREFILL_TOKENS)
+        # TP: the worker's all-reduce buffer covers a step of that many tokens
+        kwargs["max_prefill_tokens"] = sched_kwargs["max_prefill_tokens"]
         engine_config = EngineConfig(model_path=str(model_path), **kwargs)
         self.engine = Engine(engine_config)
         try:
