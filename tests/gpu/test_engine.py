@@ -11,8 +11,9 @@ MINISGL_GPU_ENGINE_FIXTURES=DIR makes the pytest test use fixtures made that way
 
 fp32 must match HF (logits within tolerance, greedy tokens identical); bf16 reports its logit
 error (max and median over tokens) and greedy agreement. CUDA graphs are on for backends that
-support them; the report says how many decode steps replayed a graph. Exit status 1 on any
-failure.
+support them; the report says how many decode steps replayed a graph, and how many prefill and
+mixed steps ran in pieces (piecewise graphs, every backend: the generation's prompts take them).
+Exit status 1 on any failure.
 """
 
 from __future__ import annotations
@@ -87,12 +88,15 @@ def check_one(path: Path, backend: str, dtype: str, ref: dict, device: str = "cu
                                                                      strict=True))
         if engine.graph_runner is not None:
             rec["graph_replays"] = engine.graph_runner.replays
+        if engine.piecewise is not None:  # prefill and mixed steps in pieces
+            rec["piecewise_replays"] = engine.piecewise.replays
     finally:
         engine.close()
     if dtype == "float32":
         rec["ok"] = rec["logit_err"] < 1e-3 and rec["greedy_identical"] == rec["greedy_of"]
     else:  # the median: a MoE router near a tie may pick other experts for a token in bf16
         rec["ok"] = rec["logit_err_median"] < 0.05
+    rec["ok"] = rec["ok"] and rec.get("piecewise_replays", 1) > 0
     return rec
 
 

@@ -71,7 +71,11 @@ class EngineConfig:
         "backend for decode-only steps (hybrid mode)"))
     cuda_graph_max_bs: int = field(default=256, metadata=_help(
         "largest decode batch captured in a CUDA graph"))
-    disable_cuda_graph: bool = field(default=False, metadata=_help("run decode eagerly"))
+    disable_cuda_graph: bool = field(default=False, metadata=_help(
+        "run every step eagerly (no decode graphs, no piecewise graphs)"))
+    piecewise_max_tokens: int = field(default=2048, metadata=_help(
+        "CUDA graphs for prefill and mixed steps of up to this many tokens, captured in pieces "
+        "between the attention calls (longer steps run eagerly; 0: all of them)"))
     disable_custom_all_reduce: bool = field(default=False, metadata=_help(
         "TP: every all-reduce through NCCL, not the one-shot CUDA IPC kernel used for messages "
         "up to --custom-all-reduce-max-mb (512 KiB past 2 GPUs) when all GPUs have peer access"))
@@ -124,6 +128,8 @@ class EngineConfig:
             raise ValueError("custom_all_reduce_max_mb must be in [1, 1024] (MiB)")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
             raise ValueError("max_prefill_tokens must be >= 1")
+        if self.piecewise_max_tokens < 0:
+            raise ValueError("piecewise_max_tokens must be >= 0")
         if self.two_shot_max_tokens is not None and self.two_shot_max_tokens < 0:
             raise ValueError("two_shot_max_tokens must be >= 0")
         if not 0 <= self.tp_rank < self.tp_size:

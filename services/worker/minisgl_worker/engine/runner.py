@@ -1,5 +1,6 @@
 """One TP rank's share of the work: the model, its KV cache, the attention backend, the sampler,
-the decode CUDA graphs, and one step on them.
+the CUDA graphs (decode steps whole: cuda_graph.py; prefill and mixed steps in pieces between
+the attention calls: piecewise_graph.py), and one step on them.
 
 Per step: the plan becomes a ForwardBatch (host work, two uploads), decode rows take their input
 from the slot's token future (`last_tokens`, written by an earlier step's sampler, on the device),
@@ -25,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
+from minisgl_core.config import DEFAULT_MAX_PREFILL_TOKENS
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import ReqPlan, StepPlan
 
@@ -39,6 +41,7 @@ from ..loader import load_model
 from ..model_config import ModelConfig
 from .batch import DeviceStep, PlanBuilder
 from .grammar import find_tokenizer
+from .piecewise_graph import PiecewiseGraphs
 from .sampler import SampleOutput, Sampler
 from .sharded_sampling import FLOAT32_EXACT_IDS, VocabShard, exchange_best
 
@@ -155,8 +158,10 @@ class ModelRunner:
                 and mc.vocab_size < FLOAT32_EXACT_IDS):
             self.vocab_shard = VocabShard.of_rank(mc.vocab_size, config.tp_rank, tp)
         self.graph_runner = self._make_graph_runner()
+        self.piecewise: PiecewiseGraphs | None = None
         # On every device, so CPU runs (the TP tests over gloo) take the same path as GPUs.
         self.warm_up_prefill()
+        self.piecewise = self._make_piecewise()  # after the warm-up: its kernels are compiled
         log.info("KV cache: %d pages x %d tokens (%.2f GiB, %s), backend %s, device %s",
                  self.num_pages, self.page_size, self.pool.memory_bytes() / 2**30,
                  str(self.kv_dtype).removeprefix("torch."),
@@ -203,6 +208,14 @@ class ModelRunner:
         return CudaGraphRunner(model, self.backend, self.pool, cfg.cuda_graph_max_bs,
                                logits=logits)
 
+    def _make_piecewise(self) -> PiecewiseGraphs | None:
+        cfg = self.config
+        if self.device.type != "cuda" or cfg.disable_cuda_graph or cfg.piecewise_max_tokens < 1:
+            return None
+        longest = (cfg.max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS) + cfg.max_slots
+        return PiecewiseGraphs(self.model, self.backend, self.pool,
+                               min(cfg.piecewise_max_tokens, longest))
+
     @torch.inference_mode()
     def warm_up_prefill(self, num_tokens: tuple[int, ...] = (8, 64)) -> float:
         """Throwaway prefills into the first pages before any request, one of each of
@@ -246,9 +259,11 @@ class ModelRunner:
         communicator that a live graph captured, so they go before the TP group is left)."""
         if self.graph_runner is not None:
             self.graph_runner.release()
+        if self.piecewise is not None:
+            self.piecewise.release()
         # Drop the big tensors now rather than whenever this object is collected, so an
         # in-process caller can build the next engine in the memory this one held.
-        for name in ("graph_runner", "backend", "model", "pool", "sampler", "last_tokens"):
+        for name in ("graph_runner", "piecewise", "backend", "model", "pool", "sampler", "last_tokens"):
             setattr(self, name, None)
         # The IPC mappings of the other ranks' buffers go now, while those ranks still live
         # (an owner that exits first makes PyTorch warn about tensors still shared).
@@ -362,6 +377,9 @@ class ModelRunner:
         if use_graph and runner is not None and runner.can_run(batch):
             out = runner.run(step.input_ids, batch)
             return out, bool(runner.returns_logits)
+        pieces = self.piecewise
+        if use_graph and pieces is not None and pieces.can_run(batch):
+            return pieces.run(step.input_ids, batch), False  # prepares the backend itself
         self.backend.prepare(batch)
         return self.model(step.input_ids, batch.positions, self.backend), False
 
