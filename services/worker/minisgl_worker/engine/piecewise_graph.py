@@ -127,7 +127,13 @@ class PiecewiseGraphs:
             self.out = torch.zeros_like(self.q)
             if not eager:
                 t0 = time.perf_counter()
-                self._capture_all()
+                try:
+                    self._capture_all()
+                except Exception as exc:  # say which flag turns them off
+                    raise RuntimeError(
+                        f"capturing the prefill steps' CUDA graph pieces failed ({exc}); start "
+                        "the worker with --piecewise-max-tokens 0 to run those steps eagerly"
+                    ) from exc
                 log.info("CUDA graphs: steps of up to %d tokens in %d sizes, %d pieces each, "
                          "captured in %.1fs", self.max_tokens, len(self.sizes),
                          len(self._pieces[self.max_tokens]), time.perf_counter() - t0)
