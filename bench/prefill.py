@@ -137,7 +137,7 @@ def main() -> int:
     p.add_argument("--prefill-attention-backend", default=None, help="hybrid: steps with prefill")
     p.add_argument("--max-prefill-tokens", type=int, default=None,
                    help="prompt tokens a step computes (the chunk size; longer prompts are "
-                        "chunked); default: the scheduler's (8192)")
+                        "chunked); default: the LLM class's (16,384)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default: config.json's max_position_embeddings")
     p.add_argument("--cache", default="radix", choices=["radix", "naive"])
@@ -150,7 +150,6 @@ def main() -> int:
 
     from minisgl.llm import LLM
     from minisgl_core.sampling import SamplingParams
-    from minisgl_scheduler import SchedulerConfig
     from minisgl_worker.attention import describe
 
     kwargs: dict[str, Any] = dict(load_format=args.load_format, tp_size=args.tp_size,
@@ -180,7 +179,7 @@ def main() -> int:
     import torch
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    chunk = args.max_prefill_tokens or SchedulerConfig().max_prefill_tokens
+    chunk = llm.scheduler.config.max_prefill_tokens  # the one in effect, defaults included
     for case in cases:
         timed = [run(case, r) for r in range(args.repeats)]
         record = {"bench": "prefill", "engine": "minisgl", "model": Path(args.model).name,
