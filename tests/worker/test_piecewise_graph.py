@@ -15,11 +15,10 @@ import torch  # noqa: E402
 from minisgl_worker.engine.piecewise_graph import PiecewiseGraphs, piecewise_sizes  # noqa: E402
 from minisgl_worker.kernels import fused_ops  # noqa: E402
 
+# _run: three requests in chunks of 8 prompt tokens next to decodes, i.e. prefill, chunked and
+# mixed steps of 3-13 tokens.
 from .driver import run_requests  # noqa: E402
-
-PROMPTS = [[(7 * i + 3) % 4000 for i in range(13)], [(11 * i + 5) % 4000 for i in range(6)],
-           [1, 2, 3]]
-PS = 4
+from .test_fused_prologue_plumbing import PS, _run  # noqa: E402
 
 
 def test_sizes_pad_little_and_end_at_the_maximum() -> None:
@@ -42,11 +41,6 @@ def _engine(path, backend: str, pieces: bool):
         engine.piecewise = PiecewiseGraphs(engine.model, engine.backend, engine.pool,
                                            max_tokens=24, eager=True)
     return engine
-
-
-def _run(engine) -> list[list[int]]:
-    # chunks of 8 prompt tokens next to decodes: prefill, chunked and mixed steps of 3-13 tokens
-    return run_requests(engine, PROMPTS, 6, PS, chunk=8, starts=[0, 0, 2])
 
 
 @pytest.fixture(scope="module")
