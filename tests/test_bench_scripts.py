@@ -55,3 +55,21 @@ def test_latency_script(model_dir: Path) -> None:
     (record,) = _run("bench.latency", "--model", str(model_dir), "--prompt-len", "64",
                      "--decode-tokens", "16", "--repeats", "1")
     assert record["ttft_ms_1k"] > 0 and record["decode_tok_s_bs1"] > 0
+
+
+def test_serving_reads_the_workers_steps_by_graph() -> None:
+    """bench.serving's `worker_steps_by_graph` parses the worker's counter as Prometheus
+    renders it (every label set summed by its `graph` label)."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    from bench.serving import graph_steps
+
+    registry = CollectorRegistry()
+    steps = Counter("minisgl_worker_step_graph", "steps", ("model_name", "graph"),
+                    registry=registry)
+    steps.labels("a", "eager").inc(3)
+    steps.labels("b", "eager").inc(2)
+    steps.labels("a", "piecewise").inc(7)
+    steps.labels("a", "cuda_graph")
+    text = generate_latest(registry).decode()
+    assert graph_steps(text) == {"eager": 5.0, "piecewise": 7.0, "cuda_graph": 0.0}

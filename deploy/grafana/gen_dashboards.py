@@ -114,6 +114,8 @@ TIERS: list[Panel] = [
 ENGINE: list[Panel] = [
     ("Scheduler iteration duration", "s", quantiles("step_duration_seconds")),
     ("Worker step duration (launch to result)", "s", quantiles("worker_step_seconds")),
+    ("Worker steps / s by how they ran (CUDA graph, piecewise graphs, eager)", "short",
+     [(f"sum by (graph) (rate(minisgl_worker_step_graph_total{{{SEL}}}[{RI}]))", "{{graph}}")]),
     ("Tokens per iteration", "short", quantiles("iteration_tokens")),
     ("Request queue time", "s", [*quantiles("request_queue_time_seconds"),
                                  mean("request_queue_time_seconds")]),

@@ -242,14 +242,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"model": Path(model).name, "quantization": "none", **bf16}))
         q, _ = models_check.check_backend(model, "auto", ref, args.max_len, quantization="fp8")
         print(json.dumps({"model": Path(model).name, "quantization": "fp8", **q}))
-        ok &= bool(q["graph_equals_eager"])
+        pieces = args.device != "cuda" or q["piecewise_replays"] > 0  # CPU: a dry run, no graphs
+        ok &= bool(q["graph_equals_eager"]) and pieces
+        kv, _ = models_check.check_backend(model, "auto", ref, args.max_len, quantization="fp8",
+                                           kv_cache_dtype="fp8_e4m3")
+        print(json.dumps({"model": Path(model).name, "quantization": "fp8", "kv": "fp8_e4m3", **kv}))
+        ok &= bool(kv["graph_equals_eager"]) and (args.device != "cuda" or kv["piecewise_replays"] > 0)
     print(json.dumps({"ok": ok}))
     return 0 if ok else 1
 
 
 def test_fp8_kernels_and_model() -> None:
     """fp8 products and the fused norm+quant against their references at Qwen3-8B's shapes;
-    Qwen3-0.6B fp8 with CUDA-graph decode equal to eager."""
+    Qwen3-0.6B fp8 weights (and fp8 weights with an fp8 KV cache) with CUDA-graph decode and
+    piecewise-graph prompts equal to eager."""
     configs = ROOT / "models" / "configs"
     assert main(["--model", str(configs / "Qwen3-8B"),
                  "--model-check", str(configs / "Qwen3-0.6B")]) == 0

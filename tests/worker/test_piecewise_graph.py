@@ -74,14 +74,32 @@ def test_pieces_give_the_tokens_and_cache_of_eager_steps(tiny_model_path, plain_
     assert bool((pw.loc[16:] == dummy * PS).all())
 
 
+def _graphs_of_steps(engine) -> list[str]:
+    """Record `StepOutput.graph` of every step the engine answers (the worker's metric)."""
+    seen: list[str] = []
+    collect = engine.collect
+
+    def spy():  # noqa: ANN202
+        out = collect()
+        seen.append(out.graph)
+        return out
+
+    engine.collect = spy
+    return seen
+
+
 def test_steps_past_the_largest_size_and_decode_steps_stay_eager(tiny_model_path) -> None:
     engine = _engine(tiny_model_path, "torch", pieces=True)
     pw = engine.piecewise
     long_prompt = [[(3 * i + 1) % 4000 for i in range(40)]]
     plain = _engine(tiny_model_path, "torch", pieces=False)
     want = run_requests(plain, long_prompt, 3, PS, chunk=40)
+    graphs = _graphs_of_steps(engine)
     assert run_requests(engine, long_prompt, 3, PS, chunk=40) == want
     assert pw.replays == 0  # 40 tokens > 24; the decode steps are not the pieces' either
+    assert graphs == ["eager"] * 3  # each step says how it ran
+    short = run_requests(engine, [long_prompt[0][:20]], 3, PS, chunk=20)
+    assert pw.replays == 1 and graphs[3:] == ["piecewise", "eager", "eager"] and len(short[0]) == 3
     with pytest.raises(ValueError, match="exceeds the largest size"):
         pw.size_for(25)
 

@@ -50,6 +50,29 @@ def test_scheduler_client_over_grpc_matches_engine(served: tuple[Engine, str]) -
     assert got == expected
 
 
+def test_steps_are_counted_by_how_they_ran(served: tuple[Engine, str]) -> None:
+    """`minisgl_worker_step_graph_total{graph}`: on the CPU every step runs eagerly, and the
+    CUDA-graph series exist (at zero) before any step."""
+    from minisgl_scheduler.worker_client import WorkerClient
+    from prometheus_client import REGISTRY
+
+    engine, target = served
+    model = engine.info().model_name
+
+    def count(graph: str) -> float | None:
+        return REGISTRY.get_sample_value("minisgl_worker_step_graph_total",
+                                         {"model_name": model, "graph": graph})
+
+    before = count("eager") or 0.0
+    client = WorkerClient(target, connect_timeout=10)
+    try:
+        run_requests(client, PROMPTS[:2], 3, PAGE)
+    finally:
+        client.close()
+    assert count("eager") == before + 3  # one prefill step, two decode steps
+    assert count("cuda_graph") == 0 and count("piecewise") == 0
+
+
 def _stream(stub: worker_pb2_grpc.WorkerStub) -> tuple[queue.Queue, Iterator]:
     outbox: queue.Queue = queue.Queue()
     responses = stub.Step(iter(outbox.get, None))

@@ -120,6 +120,10 @@ class StepOutput:
     logprobs: list[float] = field(default_factory=list)  # empty unless some request asked
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # aligned with rids when used
     forward_ms: float = 0.0
+    # How the worker ran the step: "cuda_graph" (a captured decode step), "piecewise" (a prefill
+    # or mixed step replayed in pieces between eager attention calls) or "eager"; "" unknown.
+    # In-process only (the worker's metrics): the wire format does not carry it.
+    graph: str = ""
 
 
 @dataclass(slots=True)

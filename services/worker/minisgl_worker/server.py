@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 _END = object()
 MAX_UNANSWERED = 2
 _METRICS: dict[str, Any] = {}
+GRAPH_KINDS = ("cuda_graph", "piecewise", "eager")  # StepOutput.graph
 
 
 def _metrics(model: str) -> dict[str, Any]:
@@ -50,7 +51,13 @@ def _metrics(model: str) -> dict[str, Any]:
         _METRICS["tokens"] = counter("worker_sampled_tokens_total", "tokens sampled", (MODEL,))
         _METRICS["seconds"] = histogram("worker_step_seconds", "launch to result, per step",
                                         STEP_BUCKETS, (MODEL,))
-    return {name: family.labels(model) for name, family in _METRICS.items()}
+        _METRICS["graph"] = counter(
+            "worker_step_graph_total", "steps by how they ran: cuda_graph (a captured decode "
+            "step), piecewise (graphs between eager attention calls) or eager", (MODEL, "graph"))
+    out = {name: family.labels(model) for name, family in _METRICS.items() if name != "graph"}
+    for graph in GRAPH_KINDS:  # children made up front: each series exists from the start
+        out[f"graph:{graph}"] = _METRICS["graph"].labels(model, graph)
+    return out
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -159,6 +166,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             return error_response(item[1], ErrorCode.INTERNAL,
                                   f"{type(exc).__name__}: {exc}")
         m["steps"].inc()
+        if out.graph:
+            m[f"graph:{out.graph}"].inc()
         m["tokens"].inc(len(out.token_ids))
         m["seconds"].observe(time.perf_counter() - item[2])
         if span is not None:

@@ -67,7 +67,7 @@ class Engine(ModelRunner, StepExecutor):
         f = self._inflight.popleft()
         if f.done is not None:
             f.done.synchronize()
-        out = StepOutput(step_id=f.step_id, rids=f.rids)
+        out = StepOutput(step_id=f.step_id, rids=f.rids, graph=f.graph)
         out.forward_ms = (time.perf_counter() - f.started) * 1e3 if f.done else f.host_ms
         if f.tokens is None:
             return out

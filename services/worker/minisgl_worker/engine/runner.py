@@ -70,6 +70,7 @@ class InFlight:
     done: torch.cuda.Event | None
     started: float
     host_ms: float
+    graph: str = "eager"  # how the forward ran: cuda_graph, piecewise or eager
 
 
 def prepare_rank(config: EngineConfig) -> tuple[EngineConfig, torch.device]:
@@ -235,7 +236,7 @@ class ModelRunner:
             pages = list(range(-(-n // self.page_size)))
             plan = StepPlan(step_id=-1, reqs=[ReqPlan(rid=-1, slot=0, cache_len=0,
                                                       input_ids=[0] * n, new_pages=pages)])
-            hidden, _ = self._forward(self._upload(plan), use_graph=False)
+            hidden, _, _ = self._forward(self._upload(plan), use_graph=False)
         self._warm_up_sampler(hidden)
         fast = dist.tp().fast_all_reduce  # TP: the all-reduce kernels of longer prefills
         if fast is not None:
@@ -277,7 +278,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run_logits(self, plan: StepPlan) -> torch.Tensor:
         step = self._upload(plan)
-        hidden, _ = self._forward(step, use_graph=False)
+        hidden, _, _ = self._forward(step, use_graph=False)
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
@@ -293,7 +294,7 @@ class ModelRunner:
         rids = step.sample_rids
         if not plan.num_entries:
             return InFlight(plan.step_id, [], None, None, None, None, False, None, started, 0.0)
-        out, is_logits = self._forward(step)
+        out, is_logits, graph = self._forward(step)
         tokens = logprobs = top_ids = top_lp = None
         want = False
         if rids:
@@ -308,7 +309,7 @@ class ModelRunner:
             done.record()
         host_ms = (time.perf_counter() - started) * 1e3
         return InFlight(plan.step_id, rids, tokens, logprobs, top_ids, top_lp, want, done,
-                         started, host_ms)
+                         started, host_ms, graph)
 
     def _sample(self, step: DeviceStep, out: torch.Tensor, is_logits: bool,
                 all_rows: bool) -> SampleOutput:
@@ -369,19 +370,20 @@ class ModelRunner:
             step.input_ids[step.decode_index] = self.last_tokens[step.decode_slots]
         return step
 
-    def _forward(self, step: DeviceStep, use_graph: bool = True) -> tuple[torch.Tensor, bool]:
+    def _forward(self, step: DeviceStep,
+                 use_graph: bool = True) -> tuple[torch.Tensor, bool, str]:
         """The step's hidden states [T, H], or (second item True) the logits of every row when
-        a CUDA graph that computes them ran."""
+        a CUDA graph that computes them ran; third, how it ran (`InFlight.graph`)."""
         batch = step.batch
         runner = self.graph_runner
         if use_graph and runner is not None and runner.can_run(batch):
             out = runner.run(step.input_ids, batch)
-            return out, bool(runner.returns_logits)
+            return out, bool(runner.returns_logits), "cuda_graph"
         pieces = self.piecewise
         if use_graph and pieces is not None and pieces.can_run(batch):
-            return pieces.run(step.input_ids, batch), False  # prepares the backend itself
+            return pieces.run(step.input_ids, batch), False, "piecewise"  # prepares the backend
         self.backend.prepare(batch)
-        return self.model(step.input_ids, batch.positions, self.backend), False
+        return self.model(step.input_ids, batch.positions, self.backend), False, "eager"
 
     def _to_host(self, x: torch.Tensor | None) -> torch.Tensor | None:
         if x is None or self.device.type != "cuda":
