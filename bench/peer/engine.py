@@ -44,14 +44,17 @@ def engine_kwargs(args: argparse.Namespace, max_model_len: int,
     return kwargs
 
 
-def base_record(version: str, args: argparse.Namespace, bench: str) -> dict[str, Any]:
-    """The keys every peer line shares (named as in ours, for bench.peer.compare)."""
+def base_record(version: str, args: argparse.Namespace, bench: str,
+                engine_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The keys every peer line shares (named as in ours, for bench.peer.compare).
+    `engine_env`: the environment vLLM ran in when it ran in a child process (the server)."""
     from bench.peer.vllm_env import device_name, flashinfer_visible
 
     return {"bench": bench, "engine": "vllm", "version": version,
             "model": Path(args.model).name, "tp": args.tp, "device": device_name(),
             "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
-            "cuda_graph": not args.enforce_eager, "flashinfer_on_path": flashinfer_visible()}
+            "cuda_graph": not args.enforce_eager,
+            "flashinfer_on_path": flashinfer_visible(engine_env)}
 
 
 def make_llm(args: argparse.Namespace, max_model_len: int, **overrides: Any) -> Any:

@@ -71,7 +71,7 @@ def main() -> int:
     finally:
         server.stop()
     result.pop("samples")
-    emit({**base_record(site_version(site), args, "serving"), **result,
+    emit({**base_record(site_version(site), args, "serving", server.env), **result,
           "hit_rate": hit_rate(before, after)}, args.json)
     return 0
 

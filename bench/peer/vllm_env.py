@@ -94,8 +94,12 @@ def import_vllm(site: str) -> Any:
 
 def flashinfer_visible(env: dict[str, str] | None = None) -> bool:
     """Whether vLLM's processes could import a FlashInfer (the carried site has none, and
-    `child_env` takes ours off the path): recorded, since vLLM picks kernels from one it finds."""
-    paths = [*(env or os.environ).get("PYTHONPATH", "").split(os.pathsep), *sys.path]
+    `child_env` takes ours off the path): recorded, since vLLM picks kernels from one it finds.
+    Without `env`: this process (vLLM in-process, after `activate`); with it: a child started
+    with that environment (the OpenAI server of bench.peer.serving), whose path is its
+    PYTHONPATH, not ours."""
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep) + sys.path if env is None \
+        else env.get("PYTHONPATH", "").split(os.pathsep)
     return any(p and _has_flashinfer(p) for p in paths)
 
 

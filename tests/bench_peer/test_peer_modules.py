@@ -198,3 +198,10 @@ def test_vllm_never_sees_our_flashinfer(site: Path, tmp_path: Path) -> None:
                          pythonpath=os.pathsep.join([str(ours), repo]))
     assert str(ours) not in seen[0]["env"]["PYTHONPATH"].split(os.pathsep)
     assert rec["flashinfer_on_path"] is False
+    # The OpenAI server is a child process: its line reports the server's path, not the
+    # parent's (which still holds ours: the line said true on the GPU machine when it was not).
+    (rec,), _ = _peer("bench.peer.serving", site, tmp_path / "log2", "--num-requests", "2",
+                      "--concurrency", "2", "--server-log", str(tmp_path / "server.log"),
+                      pythonpath=os.pathsep.join([str(ours), repo]))
+    assert rec["flashinfer_on_path"] is False
+    assert flashinfer_visible({"PYTHONPATH": str(ours)})
