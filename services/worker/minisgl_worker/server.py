@@ -166,8 +166,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             return error_response(item[1], ErrorCode.INTERNAL,
                                   f"{type(exc).__name__}: {exc}")
         m["steps"].inc()
-        if out.graph:
-            m[f"graph:{out.graph}"].inc()
+        if (graph := m.get(f"graph:{out.graph}")) is not None:  # "": unknown or nothing ran
+            graph.inc()
         m["tokens"].inc(len(out.token_ids))
         m["seconds"].observe(time.perf_counter() - item[2])
         if span is not None:

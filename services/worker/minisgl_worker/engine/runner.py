@@ -293,7 +293,8 @@ class ModelRunner:
         step = self._upload(plan, pad_for_graph=True)
         rids = step.sample_rids
         if not plan.num_entries:
-            return InFlight(plan.step_id, [], None, None, None, None, False, None, started, 0.0)
+            return InFlight(plan.step_id, [], None, None, None, None, False, None, started, 0.0,
+                            graph="")  # nothing ran
         out, is_logits, graph = self._forward(step)
         tokens = logprobs = top_ids = top_lp = None
         want = False
