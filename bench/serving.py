@@ -34,7 +34,8 @@ from pathlib import Path
 
 from bench.common import jsonl
 from bench.common.certs import make_certs
-from bench.common.prefix_cache import counters, hit_rate, read
+from bench.common.prefix_cache import counters, hit_rate
+from bench.common.step_graphs import graph_steps_of
 from bench.common.stream_clients import Result, grpc_request, http_request, httpx_events
 
 
@@ -317,24 +318,6 @@ def _metrics_urls(stack: object, service: str = "scheduler") -> list[str]:
     return [f"http://127.0.0.1:{ports[k]}/metrics" for k in keys if ports.get(k)]
 
 
-def graph_steps(text: str) -> dict[str, float]:
-    """Worker steps by how they ran (`minisgl_worker_step_graph_total{graph}`), from /metrics."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("minisgl_worker_step_graph_total{"):
-            graph = line.split('graph="', 1)[1].split('"', 1)[0]
-            out[graph] = out.get(graph, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
-def _graph_steps_of(urls: list[str]) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for url in urls:
-        for graph, n in graph_steps(read(url)).items():
-            total[graph] = total.get(graph, 0.0) + n
-    return total
-
-
 def _run_stack(args, levels: list[int], workload, record: dict, otel: str) -> list[dict]:
     """Launch a stack (with --launch; tracing per `otel`), run each load level, stop it."""
     stack = sink = None
@@ -383,10 +366,10 @@ def _run_stack(args, levels: list[int], workload, record: dict, otel: str) -> li
                                   args.scrape_interval).start()
             cache_urls = _metrics_urls(stack)
             before = [counters(u, "minisgl") for u in cache_urls]
-            graphs_before = _graph_steps_of(_metrics_urls(stack, "worker"))
+            graphs_before = graph_steps_of(_metrics_urls(stack, "worker"))
             rec = {**record, **asyncio.run(run_load(args, workload, args.url, args.grpc_target))}
             if stack is not None:  # the workers' steps of this load by how they ran
-                after = _graph_steps_of(_metrics_urls(stack, "worker"))
+                after = graph_steps_of(_metrics_urls(stack, "worker"))
                 rec["worker_steps_by_graph"] = {g: int(n - graphs_before.get(g, 0.0))
                                                 for g, n in sorted(after.items())}
             if cache_urls:  # prefix-cache hit rate over this load, as bench.peer.serving's

@@ -62,7 +62,7 @@ def test_serving_reads_the_workers_steps_by_graph() -> None:
     renders it (every label set summed by its `graph` label)."""
     from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-    from bench.serving import graph_steps
+    from bench.common.step_graphs import graph_steps
 
     registry = CollectorRegistry()
     steps = Counter("minisgl_worker_step_graph", "steps", ("model_name", "graph"),
