@@ -62,6 +62,7 @@ def checkpoint_files(model_path: str | Path) -> list[Path]:
 def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -> None:
     params = dict(model.named_parameters())
     loaded: dict[str, set[object]] = {}  # parameter -> shard ids filled
+    unmatched: list[str] = []
     for path in progress(files, total=len(files), desc="loading weights", unit="file"):
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
@@ -71,11 +72,18 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
                 pname, shard_id = target
                 param = params.get(pname)
                 if param is None:
-                    log.warning("checkpoint tensor %s matches no parameter; skipped", name)
+                    unmatched.append(name)
                     continue
                 # weight_loader / num_shards: attributes layers/weights.py sets on each Parameter.
                 param.weight_loader(param, f.get_slice(name), shard_id)  # type: ignore[attr-defined]
                 loaded.setdefault(pname, set()).add(shard_id)
+    if unmatched:
+        # Never serve weights that were not all loaded: an unknown tensor (a quantization scale,
+        # a packed 4-bit weight, a layer this architecture lacks) means we would compute another
+        # function than the checkpoint's.
+        raise ValueError(f"checkpoint tensor {unmatched[0]!r} matches no parameter of "
+                         f"{type(model).__name__} ({len(unmatched)} such tensors); refusing to "
+                         "serve a model whose weights were not all loaded")
     missing = sorted(name for name, p in params.items()
                      if len(loaded.get(name, ())) < p.num_shards)  # type: ignore[attr-defined]
     if missing:

@@ -12,6 +12,20 @@ from pathlib import Path
 from typing import Any
 
 
+def refuse_quantized(d: dict[str, Any]) -> None:
+    """A checkpoint quantized by its publisher (FP8 blocks, AWQ, GPTQ, compressed-tensors, MXFP4)
+    stores weights this engine cannot read yet: computing with them as if they were bf16 would
+    answer garbage, so start-up stops here, naming the method. (`--quantization fp8` quantizes a
+    bf16 checkpoint at load and needs no quantization_config.)"""
+    qc = d.get("quantization_config") or d.get("compression_config")
+    if not qc:
+        return
+    method = qc.get("quant_method", "?") if isinstance(qc, dict) else qc
+    raise ValueError(f"config.json quantization_config.quant_method={method!r} is not supported: "
+                     "pre-quantized checkpoints cannot be served yet; use the bf16/fp16 "
+                     "checkpoint (optionally with --quantization fp8)")
+
+
 @dataclass
 class ModelConfig:
     architecture: str
@@ -49,6 +63,7 @@ class ModelConfig:
         archs = d.get("architectures") or []
         if not archs:
             raise ValueError("config.json has no 'architectures' entry")
+        refuse_quantized(d)
         rope: dict[str, Any] = dict(d.get("rope_parameters") or {})
         theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
         scaling = d.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}

@@ -1,0 +1,73 @@
+"""A checkpoint the engine cannot read in full stops start-up with one line naming what it does not
+understand: a publisher's `quantization_config`, or a tensor that matches no parameter. Before, an
+FP8 or compressed-tensors checkpoint loaded with a warning per tensor and answered garbage."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.conftest import TINY_MODEL
+
+
+def _copy_tiny(dst: Path) -> Path:
+    shutil.copytree(TINY_MODEL, dst)
+    return dst
+
+
+def _with_quantization(dst: Path, qc: dict) -> Path:
+    model = _copy_tiny(dst)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["quantization_config"] = qc
+    (model / "config.json").write_text(json.dumps(cfg))
+    return model
+
+
+def _with_extra_tensor(dst: Path, name: str) -> Path:
+    model = _copy_tiny(dst)
+    save_file({name: torch.ones(4, 4)}, str(model / "extra.safetensors"))
+    return model
+
+
+def _llm_error(model: Path) -> str:
+    from minisgl import LLM
+
+    with pytest.raises(ValueError) as err:
+        LLM(str(model))
+    return str(err.value)
+
+
+@pytest.mark.parametrize("qc", [
+    {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+    {"quant_method": "compressed-tensors", "format": "float-quantized"},
+    {"quant_method": "awq", "bits": 4, "group_size": 128},
+    {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False},
+])
+def test_quantization_config_is_refused(tmp_path: Path, qc: dict) -> None:
+    msg = _llm_error(_with_quantization(tmp_path / "m", qc))
+    assert f"quant_method={qc['quant_method']!r}" in msg and "\n" not in msg
+
+
+def test_unmatched_checkpoint_tensor_is_refused(tmp_path: Path) -> None:
+    name = "model.layers.0.self_attn.q_proj.weight_scale_inv"
+    msg = _llm_error(_with_extra_tensor(tmp_path / "m", name))
+    assert repr(name) in msg and "not all loaded" in msg
+
+
+def test_worker_process_exits_with_one_line(tmp_path: Path) -> None:
+    model = _with_quantization(tmp_path / "m", {"quant_method": "fp8"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINISGL_WORKER")}
+    out = subprocess.run(
+        [sys.executable, "-m", "minisgl_worker", "--model", str(model), "--port", "0",
+         "--metrics-port", "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert "quant_method='fp8' is not supported" in text and "Traceback" not in text, text
