@@ -16,6 +16,7 @@ from minisgl_core.codes import ErrorCode
 from minisgl_tokenizer.bounds import TextBounds
 from minisgl_tokenizer.chat_template import ChatTemplateError
 from minisgl_tokenizer.model_files import ModelTokenizer
+from minisgl_tokenizer.special_text import Masked, SpecialTextEscaper
 
 
 @dataclass(slots=True)
@@ -62,6 +63,7 @@ class PromptTokenizer:
         self.model = model
         self.tokenizer = model.tokenizer
         self.bounds = TextBounds.of(model.tokenizer, model.max_model_len)
+        self.escaper = SpecialTextEscaper(model.tokenizer, list(model.special_text.values()))
 
     def tokenize(self, items: list[Prompt | ItemError], max_prompt_tokens: int = 0) -> list[
             TokenizeResult]:
@@ -75,6 +77,7 @@ class PromptTokenizer:
         limit = min(max_prompt_tokens or self.model.max_model_len - 1,
                     self.model.max_model_len - 1)
         texts: dict[bool, list[tuple[int, str]]] = {True: [], False: []}
+        escaped: list[tuple[int, str, Masked, bool]] = []  # chats whose client text had specials
         for i, item in enumerate(items):
             if isinstance(item, ItemError):
                 results[i].error = item
@@ -83,14 +86,25 @@ class PromptTokenizer:
             elif isinstance(item, TokenIdsPrompt):
                 results[i].token_ids = list(item.token_ids)
             else:
+                masked = self.escaper.mask(item.messages, item.tools)
                 try:
-                    rendered = self.model.chat.render(item.messages, item.tools,
-                                                      item.add_generation_prompt,
-                                                      item.template_kwargs)
+                    rendered = self.model.chat.render(
+                        masked.messages if masked else item.messages,
+                        masked.tools if masked else item.tools,
+                        item.add_generation_prompt, item.template_kwargs)
                 except ChatTemplateError as exc:
                     results[i].error = ItemError(ErrorCode.INVALID_ARGUMENT, str(exc))
                     continue
-                texts[item.add_special_tokens].append((i, rendered))
+                if masked is None:
+                    texts[item.add_special_tokens].append((i, rendered))
+                else:
+                    escaped.append((i, rendered, masked, item.add_special_tokens))
+        for i, rendered, masked, add_special in escaped:
+            why = self.bounds.too_long(rendered, limit)
+            if why is not None:
+                results[i].error = ItemError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, why)
+            else:
+                results[i].token_ids = self.escaper.encode(rendered, masked, add_special)
         for add_special, batch in texts.items():
             for i, text in batch:
                 why = self.bounds.too_long(text, limit)
