@@ -63,8 +63,10 @@ def token_hash_table(vocab_size: int, device: torch.device) -> torch.Tensor:
 
 
 def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
-    """The top 24 of 32 hash bits as a float32 in (0, 1); every step is exact in float32."""
-    return ((bits >> 8).to(torch.float32) + 0.5) * (2.0**-24)
+    """The top 23 of 32 hash bits as a float32 in [2**-24, 1 - 2**-24]; every step is exact in
+    float32. (With 24 bits, k + 0.5 rounds to 2**24 for the top pattern: u = 1, noise +inf, and
+    the token won whatever its logit; a masked -inf logit became NaN, which argmax picks.)"""
+    return ((bits >> 9).to(torch.float32) + 0.5) * (2.0**-23)
 
 
 def gumbel_noise(keys: torch.Tensor, tok_hash: torch.Tensor) -> torch.Tensor:

@@ -84,7 +84,7 @@ def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, tok_hash_p
             else:
                 tok = _hash32(gid.to(tl.uint32) ^ 0x85EBCA6B)
             bits = _hash32(key ^ tok)
-            u = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
+            u = ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23: u < 1
             # Exactly the expression of the fp32-only kernel: anything between the log and the
             # subtraction could change whether the compiler contracts them into an FMA, and so
             # the last bit of the score.
