@@ -34,6 +34,7 @@ class RequestClock:
     def __init__(self, metrics: SchedulerMetrics, scheduler: Scheduler) -> None:
         self.m = metrics
         self.sched = scheduler
+        self.now = time.monotonic  # when an event is routed (tests set the time)
         self._live: dict[int, _Times] = {}
         self._unscheduled: set[int] = set()
 
@@ -62,7 +63,7 @@ class RequestClock:
 
     def event(self, ev: TokenEvent) -> None:
         """A step's news for a live request: its new tokens, and/or its end."""
-        now = time.monotonic()
+        now = self.now()
         if ev.token_ids:
             self.tokens(ev.rid, len(ev.token_ids), now)
         if ev.finish_reason is not None:
