@@ -62,31 +62,27 @@ class RequestClock:
         self.m.finished(FinishReason.ERROR.value).inc()
 
     def event(self, ev: TokenEvent) -> None:
-        """A step's news for a live request: its new tokens, and/or its end."""
+        """A step's news for a live request: its new tokens, and/or its end. Runs for every
+        decoding request every step: the token part is inline, no further call."""
         now = self.now()
-        if ev.token_ids:
-            self.tokens(ev.rid, len(ev.token_ids), now)
+        count = len(ev.token_ids)
+        if count and (t := self._live.get(ev.rid)) is not None:
+            m = self.m
+            if not t.scheduled:  # scheduled and answered within one iteration
+                self.after_step(now)
+            if not t.first_token:
+                t.first_token = now
+                m.ttft.observe(now - t.arrived)
+                m.prefill.observe(now - (t.scheduled or t.arrived))
+            else:  # tokens that came together share the time since the last ones
+                gap = (now - t.last_token) / count
+                for _ in range(count):
+                    m.itl.observe(gap)
+            m.generation_tokens.inc(count)
+            t.last_token = now
+            t.generated += count
         if ev.finish_reason is not None:
             self.finished(ev.rid, ev.finish_reason, now)
-
-    def tokens(self, rid: int, count: int, now: float) -> None:
-        t = self._live.get(rid)
-        if t is None or not count:
-            return
-        m = self.m
-        if not t.scheduled:  # scheduled and answered within one iteration
-            self.after_step(now)
-        if not t.first_token:
-            t.first_token = now
-            m.ttft.observe(now - t.arrived)
-            m.prefill.observe(now - (t.scheduled or t.arrived))
-        else:  # tokens that came together share the time since the last ones
-            gap = (now - t.last_token) / count
-            for _ in range(count):
-                m.itl.observe(gap)
-        m.generation_tokens.inc(count)
-        t.last_token = now
-        t.generated += count
 
     def finished(self, rid: int, reason: FinishReason, now: float) -> None:
         self.m.finished(reason.value).inc()
