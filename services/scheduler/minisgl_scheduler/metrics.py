@@ -8,7 +8,7 @@ iteration and the cache configuration; those carry vLLM aliases (`minisgl_core.m
 
 Gauges mirror `SchedulerStats` after every loop iteration; counters advance by the difference since
 the last update, so the core stays free of metrics code. Per-request histograms are fed by
-`RequestClock` (request_metrics.py) from the server's token events.
+`RequestClock` (request_metrics.py) from the serving loop's token events (loop.py).
 """
 
 from __future__ import annotations

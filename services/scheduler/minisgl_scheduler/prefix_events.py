@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minisgl_core.prefix_hash import page_hashes
@@ -38,8 +39,10 @@ class Subscription:
 
 
 class PrefixEventLog:
-    def __init__(self, page_size: int, ring_batches: int = RING_BATCHES) -> None:
+    def __init__(self, page_size: int, ring_batches: int = RING_BATCHES,
+                 on_batch: Callable[[], None] | None = None) -> None:
         self.page_size = page_size
+        self._on_batch = on_batch  # told after each new batch (wakes the Watch streams)
         self.active = False  # any subscriber: read by the hooks on the loop thread
         self._subscribers = 0
         self._pending: dict[int, bool] = {}  # hash -> cached after this iteration (last op wins)
@@ -77,6 +80,8 @@ class PrefixEventLog:
                 self._base = self._ring[0].seq
             self._ring.append(batch)
             self._cond.notify_all()
+        if self._on_batch is not None:
+            self._on_batch()
 
     # -- subscribers ---------------------------------------------------------------------------
 
@@ -122,12 +127,8 @@ class PrefixEventLog:
         """Batches after `cursor`, waiting up to `timeout` for one; None: `cursor` fell out of the
         ring (take a snapshot)."""
         with self._cond:
-            if cursor == self._seq:
+            if cursor == self._seq and timeout > 0:
                 self._cond.wait(timeout)
             if cursor < self._base:
                 return None
             return [b for b in self._ring if b.seq > cursor]
-
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
