@@ -8,7 +8,7 @@ the model runs, logits are computed only for the last token of each sampling req
 CUDA graph computes them for its every row, inside the graph), the sampler
 draws, and the tokens are copied to pinned host memory behind an event. At TP > 1 the logits
 stay each rank's vocabulary shard when the batch can be drawn from shards
-(sharded_sampling.py), and are gathered only otherwise. `run_step` does all of
+(sampling/sharded.py), and are gathered only otherwise. `run_step` does all of
 this without waiting for the device (`Engine.collect` waits for the step's event later: overlap
 scheduling).
 
@@ -39,11 +39,11 @@ from ..fp8 import check_supported as check_quantization
 from ..layers.moe import SparseMoeBlock
 from ..loader import load_model
 from ..model_config import ModelConfig
+from ..sampling import SampleOutput, Sampler
+from ..sampling.grammar import find_tokenizer
+from ..sampling.sharded import FLOAT32_EXACT_IDS, VocabShard, exchange_best
 from .batch import DeviceStep, PlanBuilder
-from .grammar import find_tokenizer
 from .piecewise_graph import PiecewiseGraphs
-from .sampler import SampleOutput, Sampler
-from .sharded_sampling import FLOAT32_EXACT_IDS, VocabShard, exchange_best
 
 if TYPE_CHECKING:
     from .cuda_graph import CudaGraphRunner
@@ -152,7 +152,7 @@ class ModelRunner:
                                    self.device, dummy_page=self.pool.dummy_page)
         self.last_tokens = torch.zeros(config.max_slots, dtype=torch.int64, device=self.device)
         # At TP > 1 the LM head hands out this rank's shard; greedy and temperature-only
-        # batches draw from it without gathering the logits (sharded_sampling.py).
+        # batches draw from it without gathering the logits (sampling/sharded.py).
         self.vocab_shard: VocabShard | None = None
         # (Ids cross the ranks as float32: a vocabulary past 2**24 gathers the logits instead.)
         if (tp > 1 and not config.disable_sharded_sampling
