@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 from minisgl_core.sampling import SamplingParams
+from minisgl_worker.sampling import Sampler
 from minisgl_worker.sampling.params import ParamRow, SlotParams
 from minisgl_worker.sampling.plan import SamplingPlan
 from minisgl_worker.sampling.state import SlotState
@@ -100,3 +102,14 @@ def test_plan_reads_the_named_parameters() -> None:
     assert (only_k.max_k, only_k.top_p) == (30, False)  # top_k capped at the vocabulary
     greedy = SamplingPlan.make(state.host_np.rows(np.array([1])), np.array([2]), 100)
     assert greedy.fused and greedy.all_greedy  # min_tokens reached
+
+
+def test_a_refused_request_leaves_its_slot_as_it_was() -> None:
+    sampler = Sampler(2, 10, CPU, seed=0)
+    sampler.set_slot(1, SamplingParams(temperature=0.5, seed=3))
+    before = sampler.slots.host.floats[1].clone(), sampler.slots.host.ints[1].clone()
+    with pytest.raises(ValueError, match="logit_bias"):
+        sampler.set_slot(1, SamplingParams(temperature=0.9, logit_bias={10: 1.0}))
+    assert sampler.slots.host.floats[1].tolist() == before[0].tolist()
+    assert sampler.slots.host.ints[1].tolist() == before[1].tolist()
+    assert not sampler.biases.active[1]

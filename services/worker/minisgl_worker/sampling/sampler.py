@@ -91,12 +91,12 @@ class Sampler:
         self._check_slot(slot)
         stops = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
         self._check_ids(stops, "stop_token_ids")
-        self._check_ids(list(params.logit_bias), "logit_bias token ids")
         seed = params.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._gen))
         elif not 0 <= seed < 2**63:
             raise ValueError("seed must be in [0, 2**63)")
+        self._check_ids(list(params.logit_bias), "logit_bias token ids")
         self.slots.set(slot, ParamRow.of(params, seed), stops)
         prompt_len = num_prompt_tokens if num_prompt_tokens is not None else NO_PROMPT_END
         self.penalties.set_slot(slot, params, prompt_len)
