@@ -40,12 +40,15 @@ WORKER_LAYERS: list[tuple[str, list[str]]] = [
                     "minisgl_worker.model_config", "minisgl_worker.fp8",
                     "minisgl_worker.distributed"]),
     ("kernels", ["minisgl_worker.kernels"]),  # every @triton.jit and its launcher
+    # per-slot sampling state, the plan, the draw, logit bias, grammar masks, the TP draw: reads
+    # logits and slots, knows no model
+    ("sampling", ["minisgl_worker.sampling"]),
     # the backends and the paged KV cache they read and write; layers call a backend
     ("attention", ["minisgl_worker.attention"]),
     ("layers", ["minisgl_worker.layers"]),  # nn modules
     ("models", ["minisgl_worker.models"]),
     ("loading", ["minisgl_worker.loader", "minisgl_worker.quantize"]),
-    # Engine, ModelRunner, TP followers, plan building, CUDA graphs, sampler
+    # Engine, ModelRunner, TP followers, plan building, CUDA graphs
     ("engine", ["minisgl_worker.engine"]),
     ("service", ["minisgl_worker.server", "minisgl_worker.convert", "minisgl_worker.step_trace",
                  "minisgl_worker.__main__"]),

@@ -30,9 +30,9 @@ import torch
 import triton
 import triton.language as tl
 from minisgl_core.sampling import SamplingParams
-from minisgl_worker.engine import sampling_ops
-from minisgl_worker.engine.sampler import Sampler
 from minisgl_worker.kernels import sampling as kern
+from minisgl_worker.sampling import Sampler
+from minisgl_worker.sampling import ops as sampling_ops
 
 VOCAB = 151_936
 TEMPS = [0.6, 0.7, 0.1, 0.33, 1.3, 2.9]

@@ -22,8 +22,8 @@ import sys
 from dataclasses import dataclass
 
 import torch
-from minisgl_worker.engine import sampling_ops as ops
-from minisgl_worker.engine.sharded_sampling import VocabShard, pack, pick_packed, shard_best
+from minisgl_worker.sampling import ops
+from minisgl_worker.sampling.sharded import VocabShard, pack, pick_packed, shard_best
 
 from bench.common import jsonl
 from bench.common.gpu_timing import graph_replay_ms

@@ -218,7 +218,7 @@ def check_backend(name: str, case: Case, ref: tuple[torch.Tensor, torch.Tensor],
 
 
 def check_sampler() -> dict:
-    from minisgl_worker.engine import sampling_ops as ops
+    from minisgl_worker.sampling import ops
 
     gen = torch.Generator(device=DEV).manual_seed(0)
     rec: dict = {}
@@ -239,7 +239,7 @@ def check_sampler() -> dict:
         }
     # The whole Sampler.sample on a decode-sized batch: greedy, and a top-p/penalty mix.
     from minisgl_core.sampling import SamplingParams
-    from minisgl_worker.engine.sampler import Sampler
+    from minisgl_worker.sampling import Sampler
 
     vocab, batch = 151936, 64
     x = torch.randn(batch, vocab, device=DEV, generator=gen) * 3

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from minisgl_worker.engine import sampling_ops as ops
+from minisgl_worker.sampling import ops
 
 VOCAB, SEED, POSITION, TOP_TOKEN = 4096, 9, 299, 3445
 

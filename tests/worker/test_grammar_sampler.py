@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import torch
 from minisgl_core.sampling import GrammarSpec, SamplingParams
-from minisgl_worker.engine.sampler import Sampler
+from minisgl_worker.sampling import Sampler
 from tokenizers import Tokenizer
 
 TINY = Path(__file__).resolve().parents[2] / "models" / "tiny"
@@ -95,7 +95,7 @@ def test_out_of_range_bias_token_is_refused(bad: dict[int, float]) -> None:
 
 def test_triton_bitmask_kernel_matches_the_torch_path() -> None:
     """The CUDA kernel (run by Triton's interpreter here) masks exactly what torch ops mask."""
-    from minisgl_worker.engine.grammar_mask import apply_bitmask
+    from minisgl_worker.sampling.grammar_mask import apply_bitmask
 
     gen = torch.Generator().manual_seed(0)
     vocab = 4100  # not a multiple of 32: the last word is partly outside the vocabulary

@@ -9,8 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from minisgl_core.sampling import SamplingParams
-from minisgl_worker.engine import sampling_ops as ops
-from minisgl_worker.engine.sampler import Sampler
+from minisgl_worker.sampling import Sampler, ops
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 CPU = torch.device("cpu")

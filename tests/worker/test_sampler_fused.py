@@ -15,10 +15,9 @@ import math  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from minisgl_core.sampling import SamplingParams  # noqa: E402
-from minisgl_worker.engine import sampling_ops as ops  # noqa: E402
-from minisgl_worker.engine.sampler import Sampler  # noqa: E402
 from minisgl_worker.kernels import sampling as tsampling  # noqa: E402
 from minisgl_worker.layers.embedding import ParallelLMHead  # noqa: E402
+from minisgl_worker.sampling import Sampler, ops  # noqa: E402
 
 if type(tsampling._gumbel_argmax_kernel).__name__ != "InterpretedFunction":
     importlib.reload(tsampling)

@@ -12,8 +12,8 @@ import importlib  # noqa: E402
 import math  # noqa: E402
 
 import torch  # noqa: E402
-from minisgl_worker.engine import sampling_ops as ops  # noqa: E402
 from minisgl_worker.kernels import sampling as tsampling  # noqa: E402
+from minisgl_worker.sampling import ops  # noqa: E402
 
 if type(tsampling._gumbel_argmax_kernel).__name__ != "InterpretedFunction":
     importlib.reload(tsampling)

@@ -1,4 +1,4 @@
-"""The draw at TP > 1 from each rank's vocabulary shard (engine/sharded_sampling.py): over 2 and 3
+"""The draw at TP > 1 from each rank's vocabulary shard (sampling/sharded.py): over 2 and 3
 simulated shards, the same tokens bit for bit as the one-pass draw over the whole vocabulary,
 with the Triton kernel under the interpreter and with the torch path, and through the Sampler
 (ranks as threads that exchange their packs at a barrier, as the all-gather does). Real ranks
@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from minisgl_core.sampling import SamplingParams  # noqa: E402
-from minisgl_worker.engine import sampling_ops as ops  # noqa: E402
-from minisgl_worker.engine.sampler import Sampler  # noqa: E402
-from minisgl_worker.engine.sharded_sampling import (  # noqa: E402
+from minisgl_worker.kernels import sampling as tsampling  # noqa: E402
+from minisgl_worker.sampling import Sampler, ops  # noqa: E402
+from minisgl_worker.sampling.sharded import (  # noqa: E402
     Combine,
     VocabShard,
     pack,
@@ -29,7 +29,6 @@ from minisgl_worker.engine.sharded_sampling import (  # noqa: E402
     pick_packed,
     shard_best,
 )
-from minisgl_worker.kernels import sampling as tsampling  # noqa: E402
 
 if type(tsampling._gumbel_argmax_kernel).__name__ != "InterpretedFunction":
     importlib.reload(tsampling)

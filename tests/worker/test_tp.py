@@ -12,7 +12,7 @@ import torch
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import ReqPlan, StepPlan
 from minisgl_worker.engine import Engine, EngineConfig
-from minisgl_worker.engine.sampler import SampleOutput
+from minisgl_worker.sampling import SampleOutput
 
 from .driver import GREEDY, run_requests
 from .test_models import PROMPTS

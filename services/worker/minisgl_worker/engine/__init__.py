@@ -1,6 +1,7 @@
 """The engine: the Engine the service drives (engine.py), one rank's work (runner.py) and the
 other TP ranks' loop (follower.py), plan -> device batch (batch.py), decode CUDA graphs
-(cuda_graph.py), the sampler (sampler.py, its torch ops in sampling_ops.py)."""
+(cuda_graph.py), prefill and mixed steps in pieces (piecewise_graph.py). The sampler is its own
+package, below this one (minisgl_worker.sampling)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ from ..attention import describe
 from ..config import EngineConfig
 from ..distributed.tp_group import TPGroup
 from .batch import InvalidPlan
-from .runner import InFlight, ModelRunner, prepare_rank
+from .runner import InFlight, ModelRunner
+from .startup import prepare_rank
 
 # What TPGroup spawns for ranks 1..N-1 (`python -m FOLLOWER_MODULE ...`).
 FOLLOWER_MODULE = "minisgl_worker.engine.follower"

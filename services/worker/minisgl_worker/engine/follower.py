@@ -17,7 +17,8 @@ from minisgl_core.gc_pause import freeze_startup_objects, thaw
 from .. import distributed as dist
 from ..config import EngineConfig
 from ..distributed.tp_group import TPGroup
-from .runner import InFlight, ModelRunner, prepare_rank
+from .runner import InFlight, ModelRunner
+from .startup import prepare_rank
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ the model runs, logits are computed only for the last token of each sampling req
 CUDA graph computes them for its every row, inside the graph), the sampler
 draws, and the tokens are copied to pinned host memory behind an event. At TP > 1 the logits
 stay each rank's vocabulary shard when the batch can be drawn from shards
-(sharded_sampling.py), and are gathered only otherwise. `run_step` does all of
+(sampling/sharded.py), and are gathered only otherwise. `run_step` does all of
 this without waiting for the device (`Engine.collect` waits for the step's event later: overlap
 scheduling).
 
@@ -21,32 +21,35 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
-from minisgl_core.config import DEFAULT_MAX_PREFILL_TOKENS
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import ReqPlan, StepPlan
 
 from .. import distributed as dist
-from .. import env
-from ..attention import AttentionConfig, backend_class, create_backend, describe, resolve_name
-from ..attention.kv_pool import KVPool
+from ..attention import describe
 from ..config import EngineConfig
-from ..fp8 import check_supported as check_quantization
 from ..layers.moe import SparseMoeBlock
-from ..loader import load_model
-from ..model_config import ModelConfig
+from ..sampling import SampleOutput
+from ..sampling.sharded import exchange_best
 from .batch import DeviceStep, PlanBuilder
-from .grammar import find_tokenizer
 from .piecewise_graph import PiecewiseGraphs
-from .sampler import SampleOutput, Sampler
-from .sharded_sampling import FLOAT32_EXACT_IDS, VocabShard, exchange_best
-
-if TYPE_CHECKING:
-    from .cuda_graph import CudaGraphRunner
+from .startup import (
+    capture_decode_graphs,
+    capture_piecewise_graphs,
+    check_backend_names,
+    choose_backend,
+    choose_vocab_shard,
+    context_length,
+    init_fast_all_reduce,
+    load_model_config,
+    load_weights,
+    make_kv_pool,
+    make_sampler,
+    shard_heads,
+    size_kv_cache,
+)
 
 log = logging.getLogger(__name__)
 # One draw on each sampler path, to compile its kernels at start-up (`_warm_up_sampler`).
@@ -73,156 +76,53 @@ class InFlight:
     graph: str = "eager"  # how the forward ran: cuda_graph, piecewise or eager
 
 
-def prepare_rank(config: EngineConfig) -> tuple[EngineConfig, torch.device]:
-    """A rank's start-up before anything is spawned or joined: the switches read, the config
-    with its page size resolved, this rank's device (made current), the quantization checked."""
-    env.reload()
-    device = config.torch_device()
-    config = replace(config, page_size=config.resolved_page_size(device))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    check_quantization(config.quantization, device, config.torch_dtype(device))
-    return config, device
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
-        """`config` and `device` as prepare_rank returns them; with TP, the group joined."""
-        self.config = config
-        self.device = device
+        """`config` and `device` as prepare_rank returns them; with TP, the group joined.
+        Start-up is the steps of startup.py, in this order (every rank runs the same
+        collectives in it: the all-reduce set-up, the KV sizing and the sampler's seed)."""
+        self.config, self.device = config, device
         self.page_size = config.resolved_page_size(device)  # typed int, unlike the config field
-        self.dtype = config.torch_dtype(self.device)
-        self.kv_dtype = config.torch_kv_dtype(self.device)
-        for name in (config.attention_backend, config.prefill_attention_backend,
-                     config.decode_attention_backend):  # a bad name fails before any loading
-            if name:
-                backend_class(resolve_name(name, self.device), self.device)
-        self.model_config = mc = ModelConfig.load(config.model_path, config.hf_overrides)
-        outside = [t for t in mc.eos_token_ids if not 0 <= t < mc.vocab_size]
-        if outside:  # e.g. a vocab_size override for a small dummy model
-            log.warning("eos token ids %s lie outside the vocabulary; ignored", outside)
-            mc.eos_token_ids = [t for t in mc.eos_token_ids if 0 <= t < mc.vocab_size]
-        self.max_model_len = config.max_model_len or mc.max_position_embeddings
-        if mc.sliding_window and mc.sliding_window < self.max_model_len:
-            log.warning("sliding-window attention is not implemented: capping max_model_len "
-                        "at the window (%d)", mc.sliding_window)
-            self.max_model_len = mc.sliding_window
-        load_format = "safetensors" if config.load_format == "auto" else config.load_format
-        t0 = time.perf_counter()
-        self.model = load_model(config.model_path, mc, load_format, self.max_model_len,
-                                self.device, self.dtype, config.dummy_seed,
-                                config.quantization)
-        log.info("model %s loaded (%s, %s, quantization %s) in %.1fs", mc.architecture,
-                 self.dtype, load_format, config.quantization, time.perf_counter() - t0)
-        tp = config.tp_size
-        self.two_shot_max_tokens = 0  # the longest step whose all-reduces avoid NCCL (TP)
-        if tp > 1 and device.type == "cuda" and not config.disable_custom_all_reduce:
-            from ..kernels.all_reduce import OneShotAllReduce  # Triton: CUDA builds only
-
-            # Before the KV cache is sized: its buffers come out of the budget.
-            fast = OneShotAllReduce.create(
-                config.tp_rank, tp, dist.tp().cpu_group, device,
-                max_bytes=config.custom_all_reduce_max_mb << 20,
-                large_bytes=config.two_shot_step_tokens() * mc.hidden_size * self.dtype.itemsize)
-            dist.use_fast_all_reduce(fast)
-            if fast is not None and fast.large is not None:
-                self.two_shot_max_tokens = config.two_shot_step_tokens()
-        heads, kv_heads = dist.shard(mc.num_heads, "heads"), dist.shard(mc.num_kv_heads, "kv heads")
-        self.num_pages = self._size_kv(kv_heads)
-        self.max_pages_per_seq = -(-self.max_model_len // self.page_size)
-        self.pool = KVPool(mc.num_layers, self.num_pages, self.page_size, kv_heads, mc.head_dim,
-                           self.kv_dtype, self.device, config.max_slots, self.max_pages_per_seq)
-        attn_cfg = AttentionConfig(heads, kv_heads, mc.head_dim, mc.head_dim ** -0.5,
-                                   self.page_size, config.max_slots, self.max_pages_per_seq,
-                                   self.max_model_len, self.dtype, self.device,
-                                   kv_dtype=self.kv_dtype)
-        self.backend = create_backend(config.attention_backend, attn_cfg, self.pool,
-                                      config.prefill_attention_backend,
-                                      config.decode_attention_backend)
-        seed = config.sampler_seed
-        if tp > 1:  # ranks must draw alike: the same logits and the same seeds
-            seed = dist.broadcast_object(seed if seed is not None else
-                                         int(torch.randint(0, 2**62, (1,))))
-        self.sampler = Sampler(config.max_slots, mc.vocab_size, self.device,
-                               eos_token_ids=mc.eos_token_ids, seed=seed,
-                               tokenizer_path=find_tokenizer(config.model_path))
-        self.sampler.grammars.compiler.warm()
+        self.dtype = config.torch_dtype(device)
+        self.kv_dtype = config.torch_kv_dtype(device)
+        check_backend_names(config, device)
+        self.model_config = mc = load_model_config(config)
+        self.max_model_len = context_length(config, mc)
+        heads, kv_heads = shard_heads(mc)
+        self.model = load_weights(config, mc, self.max_model_len, device, self.dtype)
+        self.two_shot_max_tokens = init_fast_all_reduce(config, mc, device, self.dtype)
+        self.num_pages = size_kv_cache(config, mc, kv_heads, self.page_size, self.kv_dtype, device)
+        self.pool = make_kv_pool(config, mc, kv_heads, self.num_pages, self.page_size,
+                                 self.max_model_len, self.kv_dtype, device)
+        self.max_pages_per_seq = self.pool.max_pages_per_seq
+        self.backend = choose_backend(config, mc, heads, self.pool, self.max_model_len,
+                                      self.dtype)
+        self.sampler = make_sampler(config, mc, device)
         self.builder = PlanBuilder(config.max_slots, self.max_pages_per_seq, self.num_pages,
                                    self.page_size, self.max_model_len, mc.vocab_size,
-                                   self.device, dummy_page=self.pool.dummy_page)
-        self.last_tokens = torch.zeros(config.max_slots, dtype=torch.int64, device=self.device)
-        # At TP > 1 the LM head hands out this rank's shard; greedy and temperature-only
-        # batches draw from it without gathering the logits (sharded_sampling.py).
-        self.vocab_shard: VocabShard | None = None
-        # (Ids cross the ranks as float32: a vocabulary past 2**24 gathers the logits instead.)
-        if (tp > 1 and not config.disable_sharded_sampling
-                and mc.vocab_size < FLOAT32_EXACT_IDS):
-            self.vocab_shard = VocabShard.of_rank(mc.vocab_size, config.tp_rank, tp)
-        self.graph_runner = self._make_graph_runner()
+                                   device, dummy_page=self.pool.dummy_page)
+        # Each slot's last sampled token, on the device: a decode row's input (token futures).
+        self.last_tokens = torch.zeros(config.max_slots, dtype=torch.int64, device=device)
+        self.vocab_shard = choose_vocab_shard(config, mc)
+        self.graph_runner = capture_decode_graphs(config, self.model, self.backend, self.pool,
+                                                  self.vocab_shard)
         self.piecewise: PiecewiseGraphs | None = None
         # On every device, so CPU runs (the TP tests over gloo) take the same path as GPUs.
         self.warm_up_prefill()
-        self.piecewise = self._make_piecewise()  # after the warm-up: its kernels are compiled
+        self.piecewise = capture_piecewise_graphs(config, self.model, self.backend, self.pool)
         log.info("KV cache: %d pages x %d tokens (%.2f GiB, %s), backend %s, device %s",
                  self.num_pages, self.page_size, self.pool.memory_bytes() / 2**30,
                  str(self.kv_dtype).removeprefix("torch."),
                  describe(self.backend), self.device)
 
-    # -- start-up helpers -------------------------------------------------------------------------
-
-    def _size_kv(self, kv_heads: int) -> int:
-        cfg, mc = self.config, self.model_config
-        if cfg.num_pages is not None:
-            return cfg.num_pages
-        if self.device.type != "cuda":
-            return max(1, -(-cfg.kv_cache_tokens // self.page_size))
-        per_page = KVPool.bytes_per_page(mc.num_layers, self.page_size, kv_heads, mc.head_dim,
-                                         self.kv_dtype)
-        free, total = torch.cuda.mem_get_info(self.device)
-        budget = total * cfg.mem_fraction - (total - free)
-        pages = torch.tensor([int(budget // per_page)], device=self.device)
-        if cfg.tp_size > 1:  # every rank must hold the same pages
-            torch.distributed.all_reduce(pages, op=torch.distributed.ReduceOp.MIN)
-        n = int(pages.item())
-        if n < 1:
-            raise RuntimeError(f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} "
-                               f"GiB); raise --mem-fraction or use more GPUs (TP)")
-        return n
-
-    def _make_graph_runner(self) -> CudaGraphRunner | None:
-        cfg = self.config
-        if (self.device.type != "cuda" or cfg.disable_cuda_graph
-                or not getattr(self.backend, "supports_cuda_graph", False)):
-            return None
-        try:
-            from .cuda_graph import CudaGraphRunner
-        except ImportError:
-            log.info("CUDA graphs: no runner in this build; running eagerly")
-            return None
-        model = self.model
-        # The LM head runs inside the graph: launches spared per step, and fixed GEMM shapes.
-        # With TP its all-gather too, unless the draw may be sharded: then the graph ends at this
-        # rank's shard and `_sample` gathers after the replay only for batches that need it.
-        logits: Callable[[torch.Tensor], torch.Tensor] = (
-            model.compute_local_logits if self.vocab_shard is not None
-            else lambda hidden: model.compute_logits(hidden, fp32=False))
-        return CudaGraphRunner(model, self.backend, self.pool, cfg.cuda_graph_max_bs,
-                               logits=logits)
-
-    def _make_piecewise(self) -> PiecewiseGraphs | None:
-        cfg = self.config
-        if self.device.type != "cuda" or cfg.disable_cuda_graph or cfg.piecewise_max_tokens < 1:
-            return None
-        longest = (cfg.max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS) + cfg.max_slots
-        return PiecewiseGraphs(self.model, self.backend, self.pool,
-                               min(cfg.piecewise_max_tokens, longest))
+    # -- start-up: the warm-up (the other steps are in startup.py) -------------------------------
 
     @torch.inference_mode()
     def warm_up_prefill(self, num_tokens: tuple[int, ...] = (8, 64)) -> float:
         """Throwaway prefills into the first pages before any request, one of each of
         `num_tokens` tokens (8 and 64 take both of the Triton prefill kernel's tile variants,
         whatever the page size): the prefill attention kernels compile (FlashInfer JIT-compiles them on first
-        use, a minute for FA3 on a machine without its cache) at start-up, where the startup
+        use, slowly for FA3 on a machine without its cache) at start-up, where the startup
         probe waits, instead of inside the first request; so do the sampler's kernels
         (`_warm_up_sampler`) and the MoE experts' kernels at every tile config
         (`fused_moe.warm_up`), and at TP > 1 the two-shot all-reduce of prefill steps past
@@ -393,4 +293,4 @@ class ModelRunner:
         return buf.copy_(x, non_blocking=True)
 
 
-__all__ = ["InFlight", "ModelRunner", "prepare_rank"]
+__all__ = ["InFlight", "ModelRunner"]

@@ -1,4 +1,4 @@
-"""Grammar bitmask -> -inf logits, in place (see grammar_mask.py)."""
+"""Grammar bitmask -> -inf logits, in place (see sampling/grammar_mask.py)."""
 
 from __future__ import annotations
 

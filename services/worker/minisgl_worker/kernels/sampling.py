@@ -1,6 +1,6 @@
 """Fused Gumbel-max draw: hash noise + argmax in one pass over the logits.
 
-Bit-for-bit the hash of `engine.sampling_ops` (which is the reference), in uint32 lanes. Each program
+Bit-for-bit the hash of `sampling.ops` (which is the reference), in uint32 lanes. Each program
 scans one chunk of one row and leaves its best (value, index); a tiny torch reduce picks the chunk.
 Ties resolve to the lowest index everywhere, like torch.argmax.
 
@@ -35,7 +35,7 @@ def _hash32(x):
 
 @triton.jit
 def _row_key(seed, position):
-    """`engine.sampling_ops.row_keys` for one row (seed < 2**63 and position >= 0, int64)."""
+    """`sampling.ops.row_keys` for one row (seed < 2**63 and position >= 0, int64)."""
     k = _hash32((seed & 0xFFFFFFFF).to(tl.uint32) ^ 0x9E3779B9)
     k = _hash32(k ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
     return _hash32(k ^ (position & 0xFFFFFFFF).to(tl.uint32))
@@ -157,7 +157,7 @@ def gumbel_argmax(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     without `temps`; rows with temps[b] <= 0 take argmax_j x[b, j]. x [B, V] float32, bf16 or
     fp16 (rows may be strided, e.g. a vocabulary slice); seeds and positions int64 [B]; temps
     float32 [B]. The row keys are hashed in the kernel: a dozen fewer tiny launches per step
-    than computing them with torch ops. `tok_hash` (from `engine.sampling_ops.token_hash_table`) replaces the
+    than computing them with torch ops. `tok_hash` (from `sampling.ops.token_hash_table`) replaces the
     per-token hash by a load: the same tokens, at another balance of ALU and cache work."""
     part_val, part_idx = gumbel_partials(x, seeds, positions, num_chunks, temps, block, tok_hash)
     return best_of_chunks(part_val, part_idx)[1]

@@ -55,7 +55,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         """[N, H] -> this rank's shard of the logits, [N, local] in the activation dtype: tokens
         start .. start + local - 1, the last rank's columns past the vocabulary being padding
         (zero rows). At TP > 1 the sampler's one-pass draw reads it without a gather
-        (engine/sharded_sampling.py)."""
+        (sampling/sharded.py)."""
         return fused_ops.linear(hidden, self.weight)
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:

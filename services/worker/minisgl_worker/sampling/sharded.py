@@ -1,6 +1,6 @@
 """The fast-path draw at TP > 1 from each rank's vocabulary shard, without gathering the logits.
 
-The sampler's one-pass draw (greedy argmax, or the Gumbel-max race of `sampling_ops`) scores
+The sampler's one-pass draw (greedy argmax, or the Gumbel-max race of `ops`) scores
 every token from its own logit and its global id only. So each rank scores its shard of the LM
 head's logits and keeps, per row, its best (score, global id); the ranks exchange those [B]
 pairs and every rank takes the best: the highest score, ties to the lowest id (the lower rank's
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import distributed as dist
-from . import sampling_ops as ops
+from . import ops
 
 # (scores float32 [B], ids int64 [B]) of this rank -> the chosen ids [B], the same on every rank.
 Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -93,9 +93,9 @@ def exchange_best(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The `Combine` of a TP group: every rank's pairs on every rank, then the same pick on
     every rank (the same bytes, the same deterministic ops). On GPUs with the one-shot
     all-reduce (kernels/all_reduce.py) the pairs go as an all-gather by all-reduce: each rank
-    fills its slot of a zeroed [ranks, B, 2] fp32 buffer and the sum is exact (three launches of
-    a few us where NCCL's all-gather alone took ~10 us at batch 1); else one NCCL/gloo
-    all-gather of [B, 2] float64 packs. The caller keeps ids below FLOAT32_EXACT_IDS."""
+    fills its slot of a zeroed [ranks, B, 2] fp32 buffer and the sum is exact (a few small
+    launches, cheaper than an NCCL all-gather of so few bytes); else one NCCL/gloo all-gather
+    of [B, 2] float64 packs. The caller keeps ids below FLOAT32_EXACT_IDS."""
     state = dist.tp()
     fast = state.fast_all_reduce
     if fast is not None and scores.is_cuda:

@@ -1,15 +1,16 @@
 """Batched sampling on the device, with per-slot parameters and penalty state.
 
-Per-request parameters live in device tensors indexed by slot; `set_slot` writes a host mirror and
-marks the slot dirty, and the next `sample` uploads every dirty row at once (a few copies per step
-rather than a dozen tiny ones per request). The hot path is whole-batch tensor ops: no Python loop
-over requests and no device->host read. Which processors run is decided on the host from the
-mirror (a batch without top-p never sorts; one without penalties never reads the count tensors).
+Per-request parameters live in device tensors indexed by slot, one named view per parameter of
+two packed tables (params.py, state.py); `set_slot` writes a host mirror and marks the slot dirty,
+and the next `sample` uploads every dirty row at once (a few copies per step rather than a dozen
+tiny ones per request). The hot path is whole-batch tensor ops: no Python loop over requests and
+no device->host read. Which processors run is decided on the host from the mirror (plan.py: a
+batch without top-p never sorts; one without penalties never reads the count tensors).
 
 Order of processing, per row: repetition penalty (HF, prompt + output tokens) -> presence and
 frequency penalties (OpenAI, output tokens only) -> stop tokens masked until min_tokens ->
 greedy argmax, or temperature -> top-k -> top-p -> min-p -> exponential race with hash noise
-keyed by (seed, position, token) (see `engine.sampling_ops`). A request without a seed gets one drawn
+keyed by (seed, position, token) (see `ops`). A request without a seed gets one drawn
 from the sampler's global generator when it (re)starts, so it is random across requests but each
 draw is still one formula.
 
@@ -18,7 +19,7 @@ temperature-only (no processor above, no logprobs) is drawn in one pass over the
 same exponential race with the temperature applied inside the draw (`ops.gumbel_argmax` with
 `temps`), bit for bit what converting to fp32, dividing and drawing gives. Only batches that need
 processed fp32 logits pay for the full-vocabulary conversion. Such a batch (`shardable`) can also
-be drawn at TP > 1 from each rank's vocabulary shard (`sample_sharded`, sharded_sampling.py).
+be drawn at TP > 1 from each rank's vocabulary shard (`sample_sharded`, sharded.py).
 
 Logprobs follow vLLM's default: the log-softmax of the raw model logits, before penalties,
 temperature and filtering (the processed distribution is ill-defined for greedy rows and
@@ -34,23 +35,14 @@ import numpy as np
 import torch
 from minisgl_core.sampling import SamplingParams
 
-from . import sampling_ops as ops
+from . import ops
 from .grammar import GrammarCompiler, SlotGrammars
 from .logit_bias import SlotBiases
-from .sampling_plan import (
-    _DRAW_TEMP,
-    _FREQ,
-    _MIN_P,
-    _MIN_TOKENS,
-    _PRES,
-    _REP,
-    _SEED,
-    _TEMP,
-    _TOP_K,
-    _TOP_P,
-    _Plan,
-)
-from .sharded_sampling import Combine, VocabShard, shard_best
+from .params import ParamRow
+from .penalties import NO_PROMPT_END, SlotPenalties
+from .plan import SamplingPlan
+from .sharded import Combine, VocabShard, shard_best
+from .state import SlotState
 
 
 @dataclass(slots=True)
@@ -77,31 +69,11 @@ class Sampler:
             self._gen.seed()
         else:
             self._gen.manual_seed(seed)
-        # Host mirrors; neutral values make an unset slot a plain greedy one.
-        self._hf = torch.zeros(max_slots, 7, dtype=torch.float32)
-        self._hf[:, [_TOP_P, _REP]] = 1.0
-        self._hi = torch.zeros(max_slots, 5, dtype=torch.int64)
-        self._h_stop = torch.full((max_slots, 1), -1, dtype=torch.int64)
-        self._h_out_len = torch.zeros(max_slots, dtype=torch.int64)
-        self._n_out_len_view = self._h_out_len.numpy()
-        # numpy views of the same memory: the per-step plan reads them without torch's per-op
-        # overhead (a dozen small CPU tensor ops cost more than the draw's launch).
-        self._nf, self._ni = self._hf.numpy(), self._hi.numpy()
-        self._df = self._hf.to(self.device)
-        self._di = self._hi.to(self.device)
-        self._d_stop = self._h_stop.to(self.device)
-        self._d_out_len = torch.zeros(max_slots, dtype=torch.int64, device=self.device)
-        # Penalty state, allocated on first use: [max_slots, V] is large for big vocabularies.
-        self._seen: torch.Tensor | None = None  # bool: prompt + output tokens (repetition)
-        self._counts: torch.Tensor | None = None  # int32: output token counts (presence/freq)
+        # Parameters, stop ids and output lengths per slot (state.py); penalty tables
+        # (penalties.py). An unset slot is a plain greedy one.
+        self.slots = SlotState(max_slots, self.device)
+        self.penalties = SlotPenalties(max_slots, vocab_size, self.device)
         self._tok_hash: torch.Tensor | None = None
-        # Work queued by set_slot / observe_inputs for the next upload.
-        self._dirty: set[int] = set()
-        self._rep_slots: set[int] = set()  # slots whose request uses the repetition penalty
-        self._pending_seen: dict[int, list[int]] = {}
-        self._count_slots: set[int] = set()  # slots whose request uses presence/frequency
-        self._prompt_len: dict[int, int] = {}  # positions from here on are outputs
-        self._pending_counts: dict[int, list[int]] = {}
         # Grammar masks and logit biases: rows that use them leave the fused path (grammar.py).
         self.grammars = SlotGrammars(max_slots, vocab_size, self.device, GrammarCompiler(
             tokenizer_path, vocab_size, self.eos_token_ids))
@@ -114,7 +86,8 @@ class Sampler:
         """A request (re)starts in `slot`: its parameters, and the cached tokens the penalties
         must count (prefix hits, recomputation) that will not pass `observe_inputs`. Tokens at
         positions >= `num_prompt_tokens` are outputs from before a preemption: presence and
-        frequency penalties count them as the request's own output (None: all are prompt)."""
+        frequency penalties count them as the request's own output (None: all are prompt).
+        Refused parameters (ValueError) leave the slot as it was."""
         self._check_slot(slot)
         stops = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
         self._check_ids(stops, "stop_token_ids")
@@ -123,40 +96,12 @@ class Sampler:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._gen))
         elif not 0 <= seed < 2**63:
             raise ValueError("seed must be in [0, 2**63)")
-        # The temperature of the fused draw: 0 marks a greedy row, so that one kernel serves a
-        # batch mixing greedy and sampled rows (top_k == 1 is greedy whatever the temperature).
-        draw_temp = 0.0 if params.temperature <= 0 or params.top_k == 1 else params.temperature
-        self._hf[slot] = torch.tensor([params.temperature, params.top_p, params.min_p,
-                                       params.repetition_penalty, params.presence_penalty,
-                                       params.frequency_penalty, draw_temp])
-        self._hi[slot] = torch.tensor([params.top_k, seed, params.min_tokens, int(params.logprobs),
-                                       params.top_logprobs if params.logprobs else 0])
-        if len(stops) > self._h_stop.shape[1]:
-            grown = torch.full((self.max_slots, len(stops)), -1, dtype=torch.int64)
-            grown[:, : self._h_stop.shape[1]] = self._h_stop
-            self._h_stop = grown
-        self._h_stop[slot] = -1
-        self._h_stop[slot, : len(stops)] = torch.tensor(stops, dtype=torch.int64)
-        self._h_out_len[slot] = 0
-        self._dirty.add(slot)
-        self._pending_seen.pop(slot, None)
-        self._pending_counts.pop(slot, None)
-        self._rep_slots.discard(slot)
-        self._count_slots.discard(slot)
-        self._prompt_len[slot] = num_prompt_tokens if num_prompt_tokens is not None else 2**62
         self._check_ids(list(params.logit_bias), "logit_bias token ids")
+        self.slots.set(slot, ParamRow.of(params, seed), stops)
+        prompt_len = num_prompt_tokens if num_prompt_tokens is not None else NO_PROMPT_END
+        self.penalties.set_slot(slot, params, prompt_len)
         self.biases.set_slot(slot, params.logit_bias)
-        self.grammars.set_slot(slot, params.grammar, self._prompt_len[slot])
-        if params.repetition_penalty != 1.0:
-            self._rep_slots.add(slot)
-            if self._seen is None:
-                self._seen = torch.zeros(self.max_slots, self.vocab_size, dtype=torch.bool,
-                                         device=self.device)
-        if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
-            self._count_slots.add(slot)
-            if self._counts is None:
-                self._counts = torch.zeros(self.max_slots, self.vocab_size, dtype=torch.int32,
-                                           device=self.device)
+        self.grammars.set_slot(slot, params.grammar, prompt_len)
         self.observe_inputs(slot, history_ids, 0)
 
     def observe_inputs(self, slot: int, token_ids: Sequence[int], start_pos: int = 0) -> None:
@@ -165,57 +110,17 @@ class Sampler:
         presence/frequency."""
         if self.grammars.active[slot]:
             self.grammars.observe(slot, token_ids, start_pos)
-        if not token_ids or (slot not in self._rep_slots and slot not in self._count_slots):
+        if not token_ids or not self.penalties.tracks(slot):
             return
         self._check_ids(token_ids, "input token ids")
-        if slot in self._rep_slots:
-            self._pending_seen.setdefault(slot, []).extend(token_ids)
-        outputs = token_ids[max(0, self._prompt_len.get(slot, 2**62) - start_pos):]
-        if slot in self._count_slots and outputs:
-            self._pending_counts.setdefault(slot, []).extend(outputs)
+        self.penalties.observe(slot, token_ids, start_pos)
 
     def flush(self) -> None:
         """Upload what set_slot / observe_inputs queued; `sample` calls it first."""
-        if self._dirty:
-            idx_h = torch.tensor(sorted(self._dirty), dtype=torch.int64)
-            idx = self._upload(idx_h)
-            self._df[idx] = self._upload(self._hf[idx_h])
-            self._di[idx] = self._upload(self._hi[idx_h])
-            if self._d_stop.shape[1] != self._h_stop.shape[1]:
-                self._d_stop = self._upload(self._h_stop)
-            else:
-                self._d_stop[idx] = self._upload(self._h_stop[idx_h])
-            # index_fill_, not `t[idx] = 0`: that uploads the scalar with a blocking copy, which
-            # made the host wait for the GPU on every step that admitted a request.
-            self._d_out_len.index_fill_(0, idx, 0)
-            if self._seen is not None:
-                self._seen.index_fill_(0, idx, False)
-            if self._counts is not None:
-                self._counts.index_fill_(0, idx, 0)
-            self._dirty.clear()
-        if self._pending_seen:
-            assert self._seen is not None
-            rows = [s for s, ids in self._pending_seen.items() for _ in ids]
-            cols = [t for ids in self._pending_seen.values() for t in ids]
-            index = self._upload(torch.tensor([rows, cols], dtype=torch.int64))
-            self._seen.index_put_((index[0], index[1]),  # not `= True`: a blocking upload
-                                  torch.ones(len(rows), dtype=torch.bool, device=self.device))
-            self._pending_seen.clear()
-        if self._pending_counts:
-            assert self._counts is not None
-            rows = [s for s, ids in self._pending_counts.items() for _ in ids]
-            cols = [t for ids in self._pending_counts.values() for t in ids]
-            index = self._upload(torch.tensor([rows, cols], dtype=torch.int64))
-            self._counts.index_put_((index[0], index[1]),
-                                    torch.ones(len(rows), dtype=torch.int32, device=self.device),
-                                    accumulate=True)
-            self._pending_counts.clear()
-
-    def _upload(self, t: torch.Tensor) -> torch.Tensor:
-        """Host -> device without a hidden sync: pageable uploads may wait for the stream."""
-        if self.device.type != "cuda":
-            return t.to(self.device)
-        return t.pin_memory().to(self.device, non_blocking=True)
+        restarted = self.slots.flush()
+        if restarted is not None:
+            self.penalties.reset(restarted)
+        self.penalties.flush()
 
     # -- the batched draw ------------------------------------------------------------------------
 
@@ -234,7 +139,7 @@ class Sampler:
         self.flush()
         if batch == 0:
             return SampleOutput(torch.zeros(0, dtype=torch.int64, device=logits.device))
-        plan = _Plan.make(self._nf[hs], self._ni[hs], self._n_out_len_view[hs], self.vocab_size)
+        plan = self._plan(hs)
         grammar = bool(self.grammars.n_active) and bool(self.grammars.active[hs].any())
         biased = self._biased(hs)
         if plan.fused and not biased:
@@ -249,37 +154,38 @@ class Sampler:
         x = logits.to(torch.float32)
         if (grammar or biased) and x is logits:
             x = x.clone()  # masked in place below: never write into the caller's logits
-        df, di = self._df[slots], self._di[slots]
+        p = self.slots.device_params.rows(slots)  # the batch's parameters: a gather a table
         raw_logprobs = x.log_softmax(dim=1) if plan.logprobs else None
         if biased:
             self.biases.apply(x, hs)
 
         if plan.repetition:
-            assert self._seen is not None
-            x = ops.apply_repetition_penalty(x, self._seen[slots], df[:, _REP])
+            assert self.penalties.seen is not None
+            x = ops.apply_repetition_penalty(x, self.penalties.seen[slots], p.repetition_penalty)
         if plan.presence_frequency:
-            assert self._counts is not None
-            x = ops.apply_presence_frequency(x, self._counts[slots], df[:, _PRES], df[:, _FREQ])
+            assert self.penalties.counts is not None
+            x = ops.apply_presence_frequency(x, self.penalties.counts[slots], p.presence_penalty,
+                                             p.frequency_penalty)
         if plan.min_tokens:
-            active = self._d_out_len[slots] < di[:, _MIN_TOKENS]
-            x = ops.mask_stop_tokens(x, self._d_stop[slots], active)
+            active = self.slots.device_out_len[slots] < p.min_tokens
+            x = ops.mask_stop_tokens(x, self.slots.device_stop[slots], active)
         grammar_rows = self.grammars.apply(x, hs) if grammar else None
 
         if plan.all_greedy:
             tokens = x.argmax(dim=1)
         else:
-            temp = df[:, _TEMP]
-            greedy = (temp <= 0) | (di[:, _TOP_K] == 1)
+            temp = p.temperature
+            greedy = (temp <= 0) | (p.top_k == 1)
             greedy_tokens = x.argmax(dim=1) if plan.any_greedy else None
             x = x / torch.where(temp > 0, temp, 1.0)[:, None]
-            top_k = di[:, _TOP_K].clamp(max=self.vocab_size)
+            top_k = p.top_k.clamp(max=self.vocab_size)
             if plan.top_p:
-                x = ops.apply_top_k_top_p(x, top_k if plan.max_k else None, df[:, _TOP_P])
+                x = ops.apply_top_k_top_p(x, top_k if plan.max_k else None, p.top_p)
             elif plan.max_k:
                 x = ops.apply_top_k(x, top_k, plan.max_k)
             if plan.min_p:
-                x = ops.apply_min_p(x, df[:, _MIN_P])
-            tokens = ops.gumbel_argmax(x, di[:, _SEED], positions.to(torch.int64),
+                x = ops.apply_min_p(x, p.min_p)
+            tokens = ops.gumbel_argmax(x, p.seed, positions.to(torch.int64),
                                        self._token_hashes(), use_triton=self.use_triton)
             if greedy_tokens is not None:
                 tokens = torch.where(greedy, greedy_tokens, tokens)
@@ -301,7 +207,7 @@ class Sampler:
         Read from the host mirror, so it is known before the step's forward."""
         return self.shard_plan(host_slots) is not None
 
-    def shard_plan(self, host_slots: Sequence[int] | np.ndarray) -> _Plan | None:
+    def shard_plan(self, host_slots: Sequence[int] | np.ndarray) -> SamplingPlan | None:
         """The batch's plan when it is `shardable`, else None: handed to `sample_sharded` by a
         caller that asked first, so the plan is built once a step."""
         hs = np.asarray(host_slots, dtype=np.int64)
@@ -309,10 +215,10 @@ class Sampler:
 
     def sample_sharded(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                        host_slots: Sequence[int] | torch.Tensor | None, shard: VocabShard,
-                       combine: Combine, plan: _Plan | None = None) -> SampleOutput:
+                       combine: Combine, plan: SamplingPlan | None = None) -> SampleOutput:
         """`sample` for a `shardable` batch from one TP rank's shard of the logits ([B, >=
         shard.size], padding columns past it ignored): this rank's best (score, id) per row go
-        to `combine`, which must return the same winners on every rank (engine.sharded_sampling).
+        to `combine`, which must return the same winners on every rank (sharded.py).
         The tokens are those `sample` draws from the gathered logits. `plan`: `shard_plan`'s
         answer for these slots in this step, if the caller has it (nothing may change the slots'
         parameters in between)."""
@@ -329,27 +235,35 @@ class Sampler:
         self.flush()
         temps = seeds = None  # greedy: the plain argmax, no seeds to look up
         if not plan.all_greedy:
-            temps, seeds = self._df[slots, _DRAW_TEMP], self._di[slots, _SEED]
+            params = self.slots.device_params
+            temps, seeds = params.draw_temperature[slots], params.seed[slots]
         scores, ids = shard_best(logits, shard, seeds, positions.to(torch.int64), temps,
                                  self._token_hashes(), self.use_triton)
         tokens = combine(scores, ids)
         self._record(slots, hs, tokens)
         return SampleOutput(tokens)
 
-    def _shard_plan(self, hs: np.ndarray) -> _Plan | None:
+    def _shard_plan(self, hs: np.ndarray) -> SamplingPlan | None:
         """The batch's plan if it is `shardable`, else None."""
-        plan = _Plan.make(self._nf[hs], self._ni[hs], self._n_out_len_view[hs], self.vocab_size)
+        plan = self._plan(hs)
         grammar = bool(self.grammars.n_active) and bool(self.grammars.active[hs].any())
         return plan if plan.fused and not grammar and not self._biased(hs) else None
 
+    def _plan(self, hs: np.ndarray) -> SamplingPlan:
+        """The plan of a batch of these slots (host numpy), from the host mirror."""
+        slots = self.slots
+        return SamplingPlan.make(slots.host_np.rows(hs), slots.host_out_len_np[hs],
+                                 self.vocab_size)
+
     def _draw_fused(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                    plan: _Plan) -> torch.Tensor:
+                    plan: SamplingPlan) -> torch.Tensor:
         """Greedy and temperature-only rows, straight from the logits in their own dtype: the
         upcast is exact and order-preserving, so argmax and the draw match the fp32 path."""
         if plan.all_greedy:
             return ops.greedy_argmax(logits, self.use_triton)
-        return ops.gumbel_argmax(logits, self._di[slots, _SEED], positions.to(torch.int64),
-                                 self._token_hashes(), temps=self._df[slots, _DRAW_TEMP],
+        params = self.slots.device_params
+        return ops.gumbel_argmax(logits, params.seed[slots], positions.to(torch.int64),
+                                 self._token_hashes(), temps=params.draw_temperature[slots],
                                  use_triton=self.use_triton)
 
     def _token_hashes(self) -> torch.Tensor | None:
@@ -360,13 +274,8 @@ class Sampler:
 
     def _record(self, slots: torch.Tensor, host_slots: np.ndarray, tokens: torch.Tensor) -> None:
         """Sampled tokens join the penalty state (slots within a batch are distinct)."""
-        self._n_out_len_view[host_slots] += 1
-        self._d_out_len.index_add_(0, slots, torch.ones_like(slots))
-        if self._seen is not None:
-            self._seen.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.bool))
-        if self._counts is not None:
-            self._counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32),
-                                    accumulate=True)
+        self.slots.record(slots, host_slots)
+        self.penalties.record(slots, tokens)
 
     # -- checks ----------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .upload import upload
+
 
 class SlotBiases:
     def __init__(self, max_slots: int, device: torch.device) -> None:
@@ -35,10 +37,6 @@ class SlotBiases:
             vals += entry[1]
         if not rows:
             return
-        index = torch.tensor([rows, cols], dtype=torch.int64)
-        values = torch.tensor(vals, dtype=torch.float32)
-        if self.device.type == "cuda":
-            index, values = index.pin_memory(), values.pin_memory()
-        index = index.to(self.device, non_blocking=True)
-        values = values.to(self.device, non_blocking=True)
+        index = upload(torch.tensor([rows, cols], dtype=torch.int64), self.device)
+        values = upload(torch.tensor(vals, dtype=torch.float32), self.device)
         x.index_put_((index[0], index[1]), values, accumulate=True)

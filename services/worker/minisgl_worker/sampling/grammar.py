@@ -32,6 +32,7 @@ import torch
 from minisgl_core.sampling import GrammarSpec
 
 from .grammar_mask import apply_bitmask
+from .upload import upload
 
 if TYPE_CHECKING:  # imported when first needed: a worker without llguidance serves the rest
     import llguidance
@@ -79,9 +80,8 @@ def find_tokenizer(model_path: str) -> str | None:
 
 
 class GrammarCompiler:
-    """Tokenizer-bound compilation with a cache. The llguidance tokenizer is built on first use
-    (a fraction of a second for a 150k vocabulary), so servers that never see a grammar pay
-    nothing."""
+    """Tokenizer-bound compilation with a cache. The llguidance tokenizer is built on first use,
+    so servers that never see a grammar pay nothing."""
 
     def __init__(self, tokenizer_path: str | None, vocab_size: int,
                  eos_token_ids: Sequence[int]) -> None:
@@ -94,8 +94,8 @@ class GrammarCompiler:
         self._lock = threading.Lock()
 
     def warm(self) -> None:
-        """Build the llguidance tokenizer in a background thread (seconds for a 150k vocabulary
-        on a busy host), so the first grammar request does not stall a step for it."""
+        """Build the llguidance tokenizer in a background thread (slow for a large vocabulary),
+        so the first grammar request does not stall a step for it."""
         def build() -> None:
             try:
                 self._tok()
@@ -237,7 +237,7 @@ class SlotGrammars:
         # first waits for this step's tokens, drawn after the mask was applied).
         bits = dev[: rows.size]
         bits.copy_(host[: rows.size], non_blocking=True)
-        idx = _upload(torch.from_numpy(rows.astype(np.int64)), self.device)
+        idx = upload(torch.from_numpy(rows.astype(np.int64)), self.device)
         apply_bitmask(x, idx, bits, self.use_triton)
         self._rows_matchers = matchers
         return idx
@@ -279,9 +279,3 @@ class _EosOnly:
 
     def consume_tokens(self, tokens: list[int]) -> bool:
         return False
-
-
-def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
