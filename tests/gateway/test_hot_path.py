@@ -17,12 +17,12 @@ from minisgl_core.proto.minisgl.v1 import (
     generation_pb2,
     scheduler_pb2,
 )
-from minisgl_gateway.engine import Engine
-from minisgl_gateway.generation import ChoiceChunk, TokenLogprob
-from minisgl_gateway.grpc_api import _fill_choice
-from minisgl_gateway.openai_format import Formatter
-from minisgl_gateway.pipeline import Pipeline
-from minisgl_gateway.sequence import EventSink, StepEvent
+from minisgl_gateway.api.generation import ChoiceChunk, TokenLogprob
+from minisgl_gateway.api.grpc_service import _fill_choice
+from minisgl_gateway.api.openai_format import Formatter
+from minisgl_gateway.upstream.pipeline import Pipeline
+from minisgl_gateway.upstream.scheduler_link import Engine
+from minisgl_gateway.upstream.sequence import EventSink, StepEvent
 
 LENGTH = common_pb2.FINISH_REASON_LENGTH
 TEXTS = [" hello", "x", 'quote " backslash \\ slash /', "tab\t newline\n nul\x00 unit\x1f",

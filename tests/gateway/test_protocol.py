@@ -7,15 +7,15 @@ import json
 import grpc
 import pytest
 from minisgl_core.proto.minisgl.v1 import common_pb2, generation_pb2
+from minisgl_gateway.api.generation import ChoiceChunk, TokenLogprob, Usage
+from minisgl_gateway.api.grpc_service import chat_job as grpc_chat_job
+from minisgl_gateway.api.grpc_service import generate_job
+from minisgl_gateway.api.job import check_job, choice_seed, resolve_max_tokens
+from minisgl_gateway.api.json_body import parse_json
+from minisgl_gateway.api.openai_format import DONE, Formatter
+from minisgl_gateway.api.openai_schema import build_job
 from minisgl_gateway.config import Limits, parse_config
 from minisgl_gateway.errors import ApiError, from_upstream
-from minisgl_gateway.generation import ChoiceChunk, TokenLogprob, Usage
-from minisgl_gateway.grpc_api import chat_job as grpc_chat_job
-from minisgl_gateway.grpc_api import generate_job
-from minisgl_gateway.job import check_job, choice_seed, resolve_max_tokens
-from minisgl_gateway.json_body import parse_json
-from minisgl_gateway.openai_format import DONE, Formatter
-from minisgl_gateway.openai_schema import build_job
 
 LIMITS = Limits()
 CTX, VOCAB = 2048, 1000

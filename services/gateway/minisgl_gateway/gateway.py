@@ -20,13 +20,13 @@ from minisgl_core.security import from_args
 from minisgl_core.serving import GRPC_OPTIONS, aio_channel
 
 from minisgl_gateway import metrics
+from minisgl_gateway.api.job import Job, model_error
 from minisgl_gateway.config import GatewayConfig
 from minisgl_gateway.errors import ApiError, from_rpc_error, from_upstream, invalid, overloaded
 from minisgl_gateway.errors import unavailable as unavailable_error
-from minisgl_gateway.job import Job, model_error
-from minisgl_gateway.pipeline import Pipeline
 from minisgl_gateway.request_context import upstream_metadata
-from minisgl_gateway.routing import Router
+from minisgl_gateway.upstream.pipeline import Pipeline
+from minisgl_gateway.upstream.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,8 @@ class Gateway:
                 await asyncio.sleep(0.2)
         log.info("serving model %s (context %d, vocab %d)", self.info.name,
                  self.info.max_model_len, self.info.vocab_size)
-        from minisgl_gateway import openai_schema
-        from minisgl_gateway.agent_parsers import default_parsers
+        from minisgl_gateway.agent.parsers import default_parsers
+        from minisgl_gateway.api import openai_schema
 
         tools, reasoning = default_parsers(self.info.name)
         cfg = self.config

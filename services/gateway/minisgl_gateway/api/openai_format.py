@@ -9,9 +9,9 @@ from collections.abc import Callable
 from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) does to a str
 from typing import Any
 
-from minisgl_gateway.agent_parsers import ChoiceParser, Delta, ToolCall
+from minisgl_gateway.agent.parsers import ChoiceParser, Delta, ToolCall
+from minisgl_gateway.api.generation import ChoiceChunk, TokenLogprob, Usage
 from minisgl_gateway.errors import ApiError
-from minisgl_gateway.generation import ChoiceChunk, TokenLogprob, Usage
 
 
 def new_id(kind: str) -> str:

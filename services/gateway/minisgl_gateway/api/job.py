@@ -117,7 +117,7 @@ def check_job(job: Job, limits: Limits, max_model_len: int, vocab_size: int) -> 
         if sp.ignore_eos or sp.min_tokens:
             raise invalid("ignore_eos and min_tokens cannot be combined with a grammar (the "
                           "grammar ends the output)", param=job.grammar_param)
-        from minisgl_gateway.structured import validate
+        from minisgl_gateway.api.structured import validate
 
         validate(sp.grammar, job.grammar_param)
     if len(job.stop.stop) > limits.max_stop:

@@ -22,15 +22,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl_gateway import metrics
+from minisgl_gateway.api.generation import Generation
+from minisgl_gateway.api.job import Job
+from minisgl_gateway.api.json_body import context_body_limit
+from minisgl_gateway.api.openai_format import DONE, Formatter, error_event, model_card
+from minisgl_gateway.api.openai_schema import parse_request
+from minisgl_gateway.api.token_routes import add_token_routes
 from minisgl_gateway.errors import ApiError, invalid
 from minisgl_gateway.gateway import Gateway
-from minisgl_gateway.generation import Generation
-from minisgl_gateway.job import Job
-from minisgl_gateway.json_body import context_body_limit
-from minisgl_gateway.openai_format import DONE, Formatter, error_event, model_card
-from minisgl_gateway.openai_schema import parse_request
 from minisgl_gateway.request_context import RequestContextMiddleware
-from minisgl_gateway.token_routes import add_token_routes
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from minisgl_core.proto.minisgl.v1 import (
     scheduler_pb2,
 )
 
-from minisgl_gateway.engine import Engine
 from minisgl_gateway.errors import ApiError, from_upstream, unavailable
-from minisgl_gateway.sequence import Sequence, StepEvent
-from minisgl_gateway.streams import keep_open
+from minisgl_gateway.upstream.scheduler_link import Engine
+from minisgl_gateway.upstream.sequence import Sequence, StepEvent
+from minisgl_gateway.upstream.streams import keep_open
 
 log = logging.getLogger(__name__)
 

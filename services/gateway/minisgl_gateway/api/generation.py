@@ -14,10 +14,10 @@ from minisgl_core.logging import REQUEST_ID, log_fields
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
 from minisgl_gateway import metrics
+from minisgl_gateway.api.job import Job, check_job, choice_seed, resolve_max_tokens
 from minisgl_gateway.gateway import Gateway
-from minisgl_gateway.job import Job, check_job, choice_seed, resolve_max_tokens
 from minisgl_gateway.request_context import traceparent
-from minisgl_gateway.sequence import EventSink, Sequence, StepEvent
+from minisgl_gateway.upstream.sequence import EventSink, Sequence, StepEvent
 
 log = logging.getLogger(__name__)
 

@@ -26,12 +26,12 @@ import grpc
 from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2
 
 from minisgl_gateway import metrics
-from minisgl_gateway.detok import Detokenizing, DetokHooks
-from minisgl_gateway.discovery import DEFAULT_INTERVAL_S, Discovery
-from minisgl_gateway.engine import Engine, EngineHooks
 from minisgl_gateway.errors import unavailable
-from minisgl_gateway.routing import Router
-from minisgl_gateway.sequence import EventSink, Sequence, StepEvent, Upstream
+from minisgl_gateway.upstream.detok import Detokenizing, DetokHooks
+from minisgl_gateway.upstream.discovery import DEFAULT_INTERVAL_S, Discovery
+from minisgl_gateway.upstream.routing import Router
+from minisgl_gateway.upstream.scheduler_link import Engine, EngineHooks
+from minisgl_gateway.upstream.sequence import EventSink, Sequence, StepEvent, Upstream
 
 log = logging.getLogger(__name__)
 

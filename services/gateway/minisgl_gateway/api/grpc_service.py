@@ -27,12 +27,13 @@ from minisgl_core.proto.minisgl.v1 import (
     tokenizer_pb2,
 )
 
-from minisgl_gateway import metrics, openai_schema, structured
-from minisgl_gateway.agent_parsers import ChoiceParser
+from minisgl_gateway import metrics
+from minisgl_gateway.agent.parsers import ChoiceParser
+from minisgl_gateway.api import openai_schema, structured
+from minisgl_gateway.api.generation import ChoiceChunk, Generation, Usage
+from minisgl_gateway.api.job import Job
 from minisgl_gateway.errors import ApiError, invalid
 from minisgl_gateway.gateway import Gateway
-from minisgl_gateway.generation import ChoiceChunk, Generation, Usage
-from minisgl_gateway.job import Job
 from minisgl_gateway.request_context import HEADER, grpc_request_id, request_scope
 from minisgl_gateway.request_context import only_request_id as request_scope_id
 

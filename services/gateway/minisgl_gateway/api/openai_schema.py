@@ -10,10 +10,10 @@ from typing import Any, Literal
 from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from minisgl_gateway import structured
+from minisgl_gateway.api import structured
+from minisgl_gateway.api.job import INT32_MAX, Job, require_int
+from minisgl_gateway.api.json_body import parse_json
 from minisgl_gateway.errors import ApiError, invalid
-from minisgl_gateway.job import INT32_MAX, Job, require_int
-from minisgl_gateway.json_body import parse_json
 
 _STRICT = ConfigDict(extra="allow", strict=True)
 _ROLES = {"system", "user", "assistant", "tool", "developer"}

@@ -19,9 +19,9 @@ from grpc_health.v1 import health_pb2_grpc
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from minisgl_gateway import metrics
-from minisgl_gateway.engine_view import EngineView
-from minisgl_gateway.sequence import Sequence
-from minisgl_gateway.streams import keep_open
+from minisgl_gateway.upstream.engine_view import EngineView
+from minisgl_gateway.upstream.sequence import Sequence
+from minisgl_gateway.upstream.streams import keep_open
 
 log = logging.getLogger(__name__)
 
