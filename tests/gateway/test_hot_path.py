@@ -21,7 +21,7 @@ from minisgl_gateway.api.generation import ChoiceChunk, TokenLogprob
 from minisgl_gateway.api.grpc_service import _fill_choice
 from minisgl_gateway.api.openai_format import Formatter
 from minisgl_gateway.upstream.pipeline import Pipeline
-from minisgl_gateway.upstream.scheduler_link import Engine
+from minisgl_gateway.upstream.scheduler_link import SchedulerLink
 from minisgl_gateway.upstream.sequence import EventSink, StepEvent
 
 LENGTH = common_pb2.FINISH_REASON_LENGTH
@@ -87,12 +87,12 @@ class _FakeDetokCall:
         self.sent.append(request)
 
 
-def _pipeline() -> tuple[Pipeline, Engine, _FakeDetokCall]:
+def _pipeline() -> tuple[Pipeline, SchedulerLink, _FakeDetokCall]:
     """A pipeline with one engine whose stream counts as open, and a fake detokenizer stream."""
     pipe = Pipeline("127.0.0.1:1", grpc.aio.insecure_channel("127.0.0.1:1"),
                     channel_for=grpc.aio.insecure_channel)
     pipe._set_engines(["127.0.0.1:1"])  # not started: no stream is opened
-    engine = pipe.engines["127.0.0.1:1"]
+    engine = pipe.links["127.0.0.1:1"]
     engine.view.up = True
     call = _FakeDetokCall()
     pipe.detok._call = call  # type: ignore[assignment]

@@ -276,7 +276,7 @@ class Gateway:
         results = await asyncio.gather(*(check(self._channels[n]) for n in names))
         status = dict(zip(names, results, strict=True))
         # Ready with at least one usable engine: the others are routed around.
-        status["scheduler"] = any(e.view.usable for e in self.pipeline.engines.values())
+        status["scheduler"] = any(e.view.usable for e in self.pipeline.links.values())
         status["streams"] = self.pipeline.ready
         status["model_info"] = self._info is not None  # learned from the tokenizer at start-up
         return status
