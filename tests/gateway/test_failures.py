@@ -29,7 +29,7 @@ from minisgl_core.proto.minisgl.v1 import (
     scheduler_pb2,
 )
 from minisgl_gateway.api.generation import Generation
-from minisgl_gateway.api.grpc_service import generate_job
+from minisgl_gateway.api.grpc_schema import generate_job
 from minisgl_gateway.api.job import Job
 from minisgl_gateway.config import GatewayConfig
 from minisgl_gateway.gateway import Gateway

@@ -18,7 +18,7 @@ from minisgl_core.proto.minisgl.v1 import (
     scheduler_pb2,
 )
 from minisgl_gateway.api.generation import ChoiceChunk, TokenLogprob
-from minisgl_gateway.api.grpc_service import _fill_choice
+from minisgl_gateway.api.grpc_format import fill_choice
 from minisgl_gateway.api.openai_format import Formatter
 from minisgl_gateway.upstream.pipeline import Pipeline
 from minisgl_gateway.upstream.scheduler_link import SchedulerLink
@@ -191,5 +191,5 @@ def test_grpc_choices_are_filled_like_constructed_ones() -> None:
     for chunk in [ChoiceChunk(0, "ab", ids), ChoiceChunk(2, "", [], [], "length"),
                   ChoiceChunk(1, "x", [7], lp, "stop", "END"), ChoiceChunk(0)]:
         reply = generation_pb2.GenerateResponse()
-        _fill_choice(reply.choices.add(), chunk)
+        fill_choice(reply.choices.add(), chunk)
         assert reply.choices[0] == constructed(chunk)

@@ -83,7 +83,7 @@ class Generation:
         """Checks, tokenizes and submits; raises ApiError when the request cannot run."""
         gw, job = self.gateway, self.job
         info = gw.info
-        prompts = await gw.tokenize(job)
+        prompts = await gw.tokenize(job.prompts, job.prompt_param)
         # Every sequence of the request carries its id and trace context to each service.
         trace_ctx, request_id = traceparent(), REQUEST_ID.get()
         budgets = [resolve_max_tokens(job, len(ids), info.max_model_len, gw.limits)

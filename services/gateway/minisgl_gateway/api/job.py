@@ -12,9 +12,10 @@ from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
 from minisgl_core.sampling import InvalidParams, SamplingParams
 
 from minisgl_gateway.config import Limits
-from minisgl_gateway.errors import ApiError, invalid
+from minisgl_gateway.errors import invalid
 
 INT32_MAX = 2**31 - 1
+CHAT_ROLES = {"system", "user", "assistant", "tool", "developer"}  # "developer" means "system"
 SEED_LIMIT = 2**63
 
 # How max_tokens is chosen when the client leaves it out.
@@ -166,8 +167,3 @@ def require_int(value: int, name: str, lo: int = 0, hi: int = INT32_MAX) -> int:
     if not lo <= value <= hi:
         raise invalid(f"{name} must be in [{lo}, {hi}]", param=name)
     return value
-
-
-def model_error(name: str) -> ApiError:
-    return ApiError(404, f"The model `{name}` does not exist", param="model",
-                    code="model_not_found")
