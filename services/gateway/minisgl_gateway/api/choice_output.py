@@ -33,6 +33,7 @@ class ChoiceOutputs:
         self.reasoning = bool(reasoning_parser)
         self.parsers: dict[int, ChoiceParser] = {}  # by choice index, once it has output
         self._echo = echo
+        self.echoing = echo is not None  # streams skip echo_into without it
         self._echoed: set[int] = set()
         self._whole: dict[int, Delta] = {}  # unary answers parsed chunk by chunk (observe)
 

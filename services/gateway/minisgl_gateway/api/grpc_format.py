@@ -24,7 +24,8 @@ class GrpcOutput:
              ) -> None:
         """`whole`: a unary answer (tool calls complete, not as deltas)."""
         out = self.out
-        out.echo_into(chunk)
+        if out.echoing:
+            out.echo_into(chunk)
         if not out.parsing:
             fill_choice(choice, chunk)
             return

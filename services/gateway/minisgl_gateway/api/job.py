@@ -37,7 +37,7 @@ class Job:
     request_id: str = ""
     user: str = ""  # OpenAI's end-user id: routing and logs
     echo: bool = False  # completions: each choice starts with its prompt's text
-    tool_parser: str = ""  # output parsers (agent_parsers); "" = off
+    tool_parser: str = ""  # output parsers by name (agent/registry.py); "" = off
     reasoning_parser: str = ""
     grammar_param: str = ""  # the request field the grammar came from (errors name it)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk

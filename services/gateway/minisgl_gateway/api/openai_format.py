@@ -161,13 +161,15 @@ class Formatter:
                       include_usage: bool) -> list[bytes]:
         out = []
         parsers = self.out.parsers if self.out.parsing else None
+        echoing = self.out.echoing
         for c in chunks:
             if parsers is not None:
                 parser = parsers.get(c.index)
                 if parser is None or not parser.passthrough:
                     out += self._parsed_chunks(c, logprobs, include_usage)
                     continue
-            self.out.echo_into(c)
+            if echoing:
+                self.out.echo_into(c)
             if not c.text and not c.finish_reason and not c.logprobs:
                 continue  # nothing visible yet (e.g. half a UTF-8 character)
             if not c.finish_reason and not logprobs and self.usage_now is None:  # most chunks
