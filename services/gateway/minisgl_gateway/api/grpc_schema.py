@@ -64,7 +64,7 @@ def chat_job(request: generation_pb2.ChatRequest, formats: Formats) -> Job:
     # The proto's tool_choice: a keyword, or any other string names the function to call.
     choice = tool_choice.resolve(request.tool_choice or None, tools, "tools_json")
     chat = tokenizer_pb2.ChatInput(messages=messages, tools_json=request.tools_json
-                                   if choice.mode != "none" else "",
+                                   if request.tool_choice != "none" else "",
                                    chat_template_kwargs_json=request.chat_template_kwargs_json)
     job = Job(kind="chat", model=request.model, prompts=[tokenizer_pb2.TokenizeItem(chat=chat)],
               sampling=request.sampling, stop=request.stop, n=request.n or 1,

@@ -37,6 +37,10 @@ class ToolChoice:
         return self.mode in ("required", "function")
 
 
+_KEYWORD_CHOICES: dict[str, ToolChoice] = {
+    c.mode: c for c in (ToolChoice("none"), ToolChoice("auto"), ToolChoice("required"))}
+
+
 def _function(tool: Any, index: int) -> tuple[str, dict[str, Any]]:
     fn = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(tool, dict) or tool.get("type", "function") != "function" or \
@@ -71,7 +75,7 @@ def resolve(choice: str | None, tools: list[Any], tools_field: str,
         return ToolChoice("function", choice)
     if choice == "required" and not tools:
         raise invalid(f"tool_choice 'required' needs {tools_field}", param="tool_choice")
-    return ToolChoice(choice)  # type: ignore[arg-type]  # one of KEYWORDS
+    return _KEYWORD_CHOICES[choice]
 
 
 def apply(job: Job, tools: list[Any], choice: ToolChoice, formats: Formats,
