@@ -55,19 +55,6 @@ WORKER_LAYERS: list[tuple[str, list[str]]] = [
 ]
 
 
-# The gateway's rooms: for each, the gateway modules it must never import (a prefix covers its
-# submodules). The modules at the package top are the process itself (config, gateway, server,
-# metrics, errors, request context); api/ is free to use what it needs below the process wiring.
-GATEWAY_ROOMS: dict[str, tuple[str, ...]] = {
-    "minisgl_gateway.api": ("minisgl_gateway.server", "minisgl_gateway.__main__"),
-    "minisgl_gateway.upstream": ("minisgl_gateway.api", "minisgl_gateway.agent",
-                                 "minisgl_gateway.gateway", "minisgl_gateway.server",
-                                 "minisgl_gateway.__main__"),
-    # pure text parsing: only its own modules
-    "minisgl_gateway.agent": ("minisgl_gateway",),
-}
-
-
 @dataclass
 class Package:
     name: str
@@ -215,6 +202,19 @@ def package_violations(graph: Graph) -> list[str]:
             for name in sorted(graph.external[module] & TORCH_NAMES):
                 problems.append(f"{module} imports {name}: {src.name} must stay torch-free")
     return problems
+
+
+# The gateway's rooms: for each, the gateway modules it must never import (a prefix covers its
+# submodules). The modules at the package top are the process itself (config, gateway, server,
+# metrics, errors, request context); api/ is free to use what it needs below the process wiring.
+GATEWAY_ROOMS: dict[str, tuple[str, ...]] = {
+    "minisgl_gateway.api": ("minisgl_gateway.server", "minisgl_gateway.__main__"),
+    "minisgl_gateway.upstream": ("minisgl_gateway.api", "minisgl_gateway.agent",
+                                 "minisgl_gateway.gateway", "minisgl_gateway.server",
+                                 "minisgl_gateway.__main__"),
+    # pure text parsing: only its own modules
+    "minisgl_gateway.agent": ("minisgl_gateway",),
+}
 
 
 def _covers(prefix: str, module: str) -> bool:
