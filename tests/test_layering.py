@@ -4,7 +4,10 @@
 (b) no worker module imports a layer above its own (WORKER_LAYERS, lowest first);
 (c) across packages: minisgl_core imports no service; a service imports no other service; only the
     app package (`minisgl`: launcher, shell, LLM) imports services, and nothing imports the app;
-    minisgl_core, the gateway, the tokenizer and the scheduler import no torch.
+    minisgl_core, the gateway, the tokenizer and the scheduler import no torch;
+(d) the gateway's rooms (GATEWAY_ROOMS): api/ may import upstream/ and agent/; upstream/ imports
+    neither api/ nor agent/; agent/ (pure text parsing) imports nothing of the gateway outside
+    itself; no room imports the process wiring (server, __main__).
 
 Every import counts: module level (TYPE_CHECKING blocks included) and inside functions. Importing
 `a.b.c` does not count as importing the packages `a` and `a.b` (Python runs their __init__, but an
@@ -204,6 +207,38 @@ def package_violations(graph: Graph) -> list[str]:
     return problems
 
 
+# The gateway's rooms: for each, the gateway modules it must never import (a prefix covers its
+# submodules). The modules at the package top are the process itself (config, gateway, server,
+# metrics, errors, request context); api/ is free to use what it needs below the process wiring.
+GATEWAY_ROOMS: dict[str, tuple[str, ...]] = {
+    "minisgl_gateway.api": ("minisgl_gateway.server", "minisgl_gateway.__main__"),
+    "minisgl_gateway.upstream": ("minisgl_gateway.api", "minisgl_gateway.agent",
+                                 "minisgl_gateway.gateway", "minisgl_gateway.server",
+                                 "minisgl_gateway.__main__"),
+    # pure text parsing: only its own modules
+    "minisgl_gateway.agent": ("minisgl_gateway",),
+}
+
+
+def _covers(prefix: str, module: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def gateway_room_violations(graph: Graph) -> list[str]:
+    problems = []
+    for module in sorted(graph.packages["minisgl_gateway"].modules):
+        for room, forbidden in GATEWAY_ROOMS.items():
+            if not _covers(room, module):
+                continue
+            for target in sorted(graph.edges[module]):
+                if _covers(room, target):
+                    continue
+                if any(_covers(f, target) for f in forbidden):
+                    problems.append(f"{module} imports {target}: {room.rpartition('.')[2]}/ "
+                                    f"must not (GATEWAY_ROOMS)")
+    return problems
+
+
 @pytest.fixture(scope="module")
 def graph() -> Graph:
     packages = find_packages()
@@ -228,6 +263,37 @@ def test_worker_modules_import_only_their_layer_and_below(graph: Graph) -> None:
 def test_packages_import_only_what_their_kind_may(graph: Graph) -> None:
     problems = package_violations(graph)
     assert not problems, "package boundaries:\n  " + "\n  ".join(problems)
+
+
+def test_gateway_rooms_import_only_what_they_may(graph: Graph) -> None:
+    rooms = {m.split(".")[1] for m in graph.packages["minisgl_gateway"].modules if m.count(".") > 1}
+    assert {"api", "agent", "upstream"} <= rooms, rooms
+    problems = gateway_room_violations(graph)
+    assert not problems, "gateway rooms:\n  " + "\n  ".join(problems)
+
+
+def test_the_gateway_room_check_catches_a_violation(tmp_path: Path) -> None:
+    def write(rel: str, text: str = "") -> None:
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+    base = "services/gateway/minisgl_gateway"
+    write("services/gateway/pyproject.toml")
+    write(f"{base}/__init__.py")
+    write(f"{base}/errors.py")
+    for room in ("api", "agent", "upstream"):
+        write(f"{base}/{room}/__init__.py")
+    write(f"{base}/api/http_app.py", "from minisgl_gateway.upstream import pipeline\n")
+    write(f"{base}/upstream/pipeline.py",
+          "from minisgl_gateway.errors import x\nfrom minisgl_gateway.api.http_app import y\n")
+    write(f"{base}/agent/hermes.py", "def f():\n    from ..errors import x\n")
+    g = build_graph(find_packages(tmp_path))
+    assert gateway_room_violations(g) == [
+        "minisgl_gateway.agent.hermes imports minisgl_gateway.errors: agent/ must not "
+        "(GATEWAY_ROOMS)",
+        "minisgl_gateway.upstream.pipeline imports minisgl_gateway.api.http_app: upstream/ must "
+        "not (GATEWAY_ROOMS)"]
 
 
 def test_the_checks_catch_a_violation(tmp_path: Path) -> None:

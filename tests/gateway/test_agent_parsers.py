@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from minisgl_gateway.agent_parsers import ChoiceParser, assemble, default_parsers
+from minisgl_gateway.agent.base import assemble
+from minisgl_gateway.agent.choice_parser import ChoiceParser
+from minisgl_gateway.agent.registry import default_parsers
 
 
 def _whole(syntax: tuple[str, str], text: str) -> tuple[str, str, list[tuple[str, str]]]:

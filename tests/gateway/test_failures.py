@@ -28,12 +28,12 @@ from minisgl_core.proto.minisgl.v1 import (
     generation_pb2_grpc,
     scheduler_pb2,
 )
+from minisgl_gateway.api.generation import Generation
+from minisgl_gateway.api.grpc_schema import generate_job
+from minisgl_gateway.api.job import Job
 from minisgl_gateway.config import GatewayConfig
 from minisgl_gateway.gateway import Gateway
-from minisgl_gateway.generation import Generation
-from minisgl_gateway.grpc_api import generate_job
-from minisgl_gateway.job import Job
-from minisgl_gateway.pipeline import Pipeline
+from minisgl_gateway.upstream.pipeline import Pipeline
 
 from .live_stack import (
     LiveStack,

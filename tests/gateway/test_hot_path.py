@@ -17,12 +17,12 @@ from minisgl_core.proto.minisgl.v1 import (
     generation_pb2,
     scheduler_pb2,
 )
-from minisgl_gateway.engine import Engine
-from minisgl_gateway.generation import ChoiceChunk, TokenLogprob
-from minisgl_gateway.grpc_api import _fill_choice
-from minisgl_gateway.openai_format import Formatter
-from minisgl_gateway.pipeline import Pipeline
-from minisgl_gateway.sequence import EventSink, StepEvent
+from minisgl_gateway.api.generation import ChoiceChunk, TokenLogprob
+from minisgl_gateway.api.grpc_format import fill_choice
+from minisgl_gateway.api.openai_format import Formatter
+from minisgl_gateway.upstream.pipeline import Pipeline
+from minisgl_gateway.upstream.scheduler_link import SchedulerLink
+from minisgl_gateway.upstream.sequence import EventSink, StepEvent
 
 LENGTH = common_pb2.FINISH_REASON_LENGTH
 TEXTS = [" hello", "x", 'quote " backslash \\ slash /', "tab\t newline\n nul\x00 unit\x1f",
@@ -87,12 +87,12 @@ class _FakeDetokCall:
         self.sent.append(request)
 
 
-def _pipeline() -> tuple[Pipeline, Engine, _FakeDetokCall]:
+def _pipeline() -> tuple[Pipeline, SchedulerLink, _FakeDetokCall]:
     """A pipeline with one engine whose stream counts as open, and a fake detokenizer stream."""
     pipe = Pipeline("127.0.0.1:1", grpc.aio.insecure_channel("127.0.0.1:1"),
                     channel_for=grpc.aio.insecure_channel)
     pipe._set_engines(["127.0.0.1:1"])  # not started: no stream is opened
-    engine = pipe.engines["127.0.0.1:1"]
+    engine = pipe.links["127.0.0.1:1"]
     engine.view.up = True
     call = _FakeDetokCall()
     pipe.detok._call = call  # type: ignore[assignment]
@@ -191,5 +191,5 @@ def test_grpc_choices_are_filled_like_constructed_ones() -> None:
     for chunk in [ChoiceChunk(0, "ab", ids), ChoiceChunk(2, "", [], [], "length"),
                   ChoiceChunk(1, "x", [7], lp, "stop", "END"), ChoiceChunk(0)]:
         reply = generation_pb2.GenerateResponse()
-        _fill_choice(reply.choices.add(), chunk)
+        fill_choice(reply.choices.add(), chunk)
         assert reply.choices[0] == constructed(chunk)

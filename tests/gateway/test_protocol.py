@@ -7,23 +7,25 @@ import json
 import grpc
 import pytest
 from minisgl_core.proto.minisgl.v1 import common_pb2, generation_pb2
+from minisgl_gateway.agent.registry import Formats
+from minisgl_gateway.api.generation import ChoiceChunk, TokenLogprob, Usage
+from minisgl_gateway.api.grpc_schema import chat_job as grpc_chat_job
+from minisgl_gateway.api.grpc_schema import generate_job
+from minisgl_gateway.api.job import check_job, choice_seed, resolve_max_tokens
+from minisgl_gateway.api.json_body import parse_json
+from minisgl_gateway.api.openai_format import DONE, Formatter
+from minisgl_gateway.api.openai_schema import build_job
 from minisgl_gateway.config import Limits, parse_config
 from minisgl_gateway.errors import ApiError, from_upstream
-from minisgl_gateway.generation import ChoiceChunk, TokenLogprob, Usage
-from minisgl_gateway.grpc_api import chat_job as grpc_chat_job
-from minisgl_gateway.grpc_api import generate_job
-from minisgl_gateway.job import check_job, choice_seed, resolve_max_tokens
-from minisgl_gateway.json_body import parse_json
-from minisgl_gateway.openai_format import DONE, Formatter
-from minisgl_gateway.openai_schema import build_job
 
 LIMITS = Limits()
 CTX, VOCAB = 2048, 1000
 MSGS = [{"role": "user", "content": "hi"}]
+FORMATS = Formats("hermes", "qwen3")  # the tiny test model's, picked by name
 
 
 def job_of(endpoint: str, body: dict):
-    job, *_ = build_job(endpoint, body)
+    job, *_ = build_job(endpoint, body, FORMATS)
     check_job(job, LIMITS, CTX, VOCAB)
     return job
 
@@ -149,9 +151,9 @@ def test_grpc_requests_become_jobs() -> None:
     with pytest.raises(ApiError):
         generate_job(generation_pb2.GenerateRequest())
     with pytest.raises(ApiError):
-        grpc_chat_job(generation_pb2.ChatRequest())
+        grpc_chat_job(generation_pb2.ChatRequest(), FORMATS)
     job = grpc_chat_job(generation_pb2.ChatRequest(
-        messages=[common_pb2.ChatMessage(role="developer", content="be brief")], n=3))
+        messages=[common_pb2.ChatMessage(role="developer", content="be brief")], n=3), FORMATS)
     assert job.prompts[0].chat.messages[0].role == "system" and job.n == 3
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from minisgl_core.prefix_hash import page_hashes
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2
-from minisgl_gateway.discovery import Discovery
-from minisgl_gateway.engine_view import EngineView
-from minisgl_gateway.routing import Router
+from minisgl_gateway.upstream.discovery import Discovery
+from minisgl_gateway.upstream.engine_view import EngineView
+from minisgl_gateway.upstream.routing import Router
 
 PS = 4
 

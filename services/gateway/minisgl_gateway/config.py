@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from minisgl_core.config import DEFAULT_PORTS, ServiceArgs
 
-from minisgl_gateway.discovery import DEFAULT_INTERVAL_S
-from minisgl_gateway.routing import DEFAULT_BALANCE_THRESHOLD, DEFAULT_QUEUE_SLACK, POLICIES
+from minisgl_gateway.upstream.discovery import DEFAULT_INTERVAL_S
+from minisgl_gateway.upstream.routing import DEFAULT_BALANCE_THRESHOLD, DEFAULT_QUEUE_SLACK, POLICIES
 
 
 @dataclass

@@ -103,3 +103,8 @@ def from_rpc_error(service: str, exc: grpc.RpcError, retry_after: int) -> ApiErr
         return invalid(f"the {service} rejected the request: {details}")
     return unavailable(f"the {service} is unavailable ({code.name if code else 'error'}): "
                        f"{details}", retry_after)
+
+
+def model_error(name: str) -> ApiError:
+    return ApiError(404, f"The model `{name}` does not exist", param="model",
+                    code="model_not_found")

@@ -1,7 +1,8 @@
 """The gateway's shared state: upstream channels, the pipeline, model info, keys and admission.
 
-Both public protocols (http_api, grpc_api) hold one `Gateway` and go through it for everything
-that touches an upstream service or a limit."""
+Both public APIs (api/http_app.py, api/grpc_service.py) hold one `Gateway` and go through it for
+everything that touches an upstream service or a limit. It learns the model at start-up, with
+the output formats (agent parsers) the APIs put on each chat job."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -20,13 +21,20 @@ from minisgl_core.security import from_args
 from minisgl_core.serving import GRPC_OPTIONS, aio_channel
 
 from minisgl_gateway import metrics
+from minisgl_gateway.agent.registry import Formats, resolve_formats
 from minisgl_gateway.config import GatewayConfig
-from minisgl_gateway.errors import ApiError, from_rpc_error, from_upstream, invalid, overloaded
+from minisgl_gateway.errors import (
+    ApiError,
+    from_rpc_error,
+    from_upstream,
+    invalid,
+    model_error,
+    overloaded,
+)
 from minisgl_gateway.errors import unavailable as unavailable_error
-from minisgl_gateway.job import Job, model_error
-from minisgl_gateway.pipeline import Pipeline
 from minisgl_gateway.request_context import upstream_metadata
-from minisgl_gateway.routing import Router
+from minisgl_gateway.upstream.pipeline import Pipeline
+from minisgl_gateway.upstream.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,7 @@ class ModelInfo:
     name: str
     max_model_len: int
     vocab_size: int
+    formats: Formats  # its output parsers: --tool-call-parser / --reasoning-parser, or by name
 
 
 @dataclass
@@ -104,9 +113,11 @@ class Gateway:
                     reply = await self._tokenizer.GetTokenizerInfo(
                         tokenizer_pb2.GetTokenizerInfoRequest(), wait_for_ready=True,
                         timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                    name = self.config.model_name or reply.model_name or "minisgl"
                     self._info = ModelInfo(
-                        name=self.config.model_name or reply.model_name or "minisgl",
-                        max_model_len=reply.max_model_len, vocab_size=reply.vocab_size)
+                        name=name, max_model_len=reply.max_model_len, vocab_size=reply.vocab_size,
+                        formats=resolve_formats(name, self.config.tool_call_parser,
+                                                self.config.reasoning_parser))
                     continue
                 except grpc.aio.AioRpcError as exc:
                     problem = f"tokenizer at {self.config.tokenizer}: {exc.code().name}"
@@ -124,15 +135,6 @@ class Gateway:
                 await asyncio.sleep(0.2)
         log.info("serving model %s (context %d, vocab %d)", self.info.name,
                  self.info.max_model_len, self.info.vocab_size)
-        from minisgl_gateway import openai_schema
-        from minisgl_gateway.agent_parsers import default_parsers
-
-        tools, reasoning = default_parsers(self.info.name)
-        cfg = self.config
-        openai_schema.FORMATS = (
-            tools if cfg.tool_call_parser == "auto" else cfg.tool_call_parser,
-            reasoning if cfg.reasoning_parser == "auto" else
-            ("" if cfg.reasoning_parser == "none" else cfg.reasoning_parser))
 
     async def close(self) -> None:
         await self.pipeline.close()
@@ -193,32 +195,35 @@ class Gateway:
 
     # -- upstream calls ----------------------------------------------------------------------
 
-    async def tokenize(self, job: Job) -> list[list[int]]:
+    async def tokenize(self, prompts: Sequence[tokenizer_pb2.TokenizeItem], param: str
+                       ) -> list[list[int]]:
+        """Token ids of a generation's prompts, within the limits; `param` is the request field
+        a prompt error points at."""
         info = self.info
         limit = info.max_model_len - 1
         if self.limits.max_prompt_tokens:
             limit = min(limit, self.limits.max_prompt_tokens)
-        request = tokenizer_pb2.TokenizeRequest(items=job.prompts, max_prompt_tokens=limit)
+        request = tokenizer_pb2.TokenizeRequest(items=prompts, max_prompt_tokens=limit)
         try:
             reply = await self._tokenizer.Tokenize(request, timeout=self.config.upstream_timeout,
                                                    metadata=upstream_metadata())
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error("tokenizer", exc, self.limits.retry_after_s) from None
-        if len(reply.results) != len(job.prompts):
+        if len(reply.results) != len(prompts):
             raise ApiError(502, "the tokenizer answered with the wrong number of results",
                            code="upstream_error")
         out = []
         for result in reply.results:
             if result.error.code:
                 raise from_upstream(result.error, self.limits.retry_after_s,
-                                    param=job.prompt_param)
+                                    param=param)
             ids = list(result.token_ids)
             if len(ids) > limit:
                 raise invalid(f"the prompt has {len(ids)} tokens; at most {limit} are allowed "
-                              f"(context window {info.max_model_len})", param=job.prompt_param,
+                              f"(context window {info.max_model_len})", param=param,
                               code="context_length_exceeded")
             if not ids:
-                raise invalid("the prompt is empty after tokenization", param=job.prompt_param)
+                raise invalid("the prompt is empty after tokenization", param=param)
             out.append(ids)
         return out
 
@@ -276,7 +281,7 @@ class Gateway:
         results = await asyncio.gather(*(check(self._channels[n]) for n in names))
         status = dict(zip(names, results, strict=True))
         # Ready with at least one usable engine: the others are routed around.
-        status["scheduler"] = any(e.view.usable for e in self.pipeline.engines.values())
+        status["scheduler"] = any(e.view.usable for e in self.pipeline.links.values())
         status["streams"] = self.pipeline.ready
         status["model_info"] = self._info is not None  # learned from the tokenizer at start-up
         return status

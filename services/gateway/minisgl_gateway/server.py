@@ -27,11 +27,11 @@ from minisgl_core.gc_pause import freeze_startup_objects, thaw
 from minisgl_core.proto.minisgl.v1 import generation_pb2
 from minisgl_core.serving import server_options
 
+from minisgl_gateway.api.grpc_service import GenerationService, add_to_server
+from minisgl_gateway.api.http_app import asgi_app
+from minisgl_gateway.api.http_limits import limited_protocol
 from minisgl_gateway.config import GatewayConfig
 from minisgl_gateway.gateway import Gateway
-from minisgl_gateway.grpc_api import GenerationService, add_to_server
-from minisgl_gateway.http_api import asgi_app
-from minisgl_gateway.http_limits import limited_protocol
 
 log = logging.getLogger(__name__)
 # Idle keep-alive connections stay open this long (uvicorn's default is 5 s). A client that reuses

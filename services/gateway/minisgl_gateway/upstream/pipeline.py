@@ -1,7 +1,7 @@
 """The gateway's upstream streams, shared by every request of the process: one `Connect` (and one
 `Watch`) per engine, one `Detokenize` to the detokenizer.
 
-    submit ──Router──▶ Engine (Connect) ──ConnectResponse──▶ Detokenizing ──StepEvent──▶ sink
+    submit ──Router──▶ SchedulerLink (Connect) ──ConnectResponse──▶ Detokenizing ──StepEvent──▶ sink
 
 A `Sequence` is one rid (one choice of one request). Requests put their sequences in, read
 `StepEvent`s from their sink and `cancel` what they no longer want. The engines come from
@@ -26,12 +26,12 @@ import grpc
 from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2
 
 from minisgl_gateway import metrics
-from minisgl_gateway.detok import Detokenizing, DetokHooks
-from minisgl_gateway.discovery import DEFAULT_INTERVAL_S, Discovery
-from minisgl_gateway.engine import Engine, EngineHooks
 from minisgl_gateway.errors import unavailable
-from minisgl_gateway.routing import Router
-from minisgl_gateway.sequence import EventSink, Sequence, StepEvent, Upstream
+from minisgl_gateway.upstream.detok import Detokenizing, DetokHooks
+from minisgl_gateway.upstream.discovery import DEFAULT_INTERVAL_S, Discovery
+from minisgl_gateway.upstream.routing import Router
+from minisgl_gateway.upstream.scheduler_link import LinkHooks, SchedulerLink
+from minisgl_gateway.upstream.sequence import EventSink, Sequence, StepEvent, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ class Pipeline:
         self._channel_for = channel_for
         self._retry_after = retry_after
         self.router = router or Router()
-        self.engines: dict[str, Engine] = {}
-        self._engine_hooks = EngineHooks(on_step=self._on_step, on_lost=self._on_lost)
+        self.links: dict[str, SchedulerLink] = {}  # by address: one per engine
+        self._link_hooks = LinkHooks(on_step=self._on_step, on_lost=self._on_lost)
         self.detok = Detokenizing(detokenizer, DetokHooks(abort=self._abort, retry=self._retry),
                                   retry_after)
         self.detok.started = self._detok_started
@@ -69,11 +69,11 @@ class Pipeline:
 
     @property
     def ready(self) -> bool:
-        return self.detok.ready and any(e.view.usable for e in self.engines.values())
+        return self.detok.ready and any(e.view.usable for e in self.links.values())
 
     @property
     def live(self) -> int:
-        return sum(len(e.live) for e in self.engines.values())
+        return sum(len(e.live) for e in self.links.values())
 
     async def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -100,13 +100,13 @@ class Pipeline:
 
     def cancel(self, seqs: list[Sequence]) -> None:
         """The client no longer wants these: abort upstream with the next ConnectRequest."""
-        by_engine: dict[Upstream, list[Sequence]] = {}
+        by_link: dict[Upstream, list[Sequence]] = {}
         for seq in seqs:
-            if not seq.done and seq.engine is not None:
-                by_engine.setdefault(seq.engine, []).append(seq)
+            if not seq.done and seq.link is not None:
+                by_link.setdefault(seq.link, []).append(seq)
             seq.end(None)
-        for engine, mine in by_engine.items():
-            engine.cancel(mine)
+        for link, mine in by_link.items():
+            link.cancel(mine)
 
     async def close(self) -> None:
         self._closing = self.detok.closing = True
@@ -116,39 +116,39 @@ class Pipeline:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         error = unavailable("the gateway is shutting down", self._retry_after)
-        for engine in list(self.engines.values()):
-            for seq in engine.live.values():
+        for link in list(self.links.values()):
+            for seq in link.live.values():
                 seq.end(StepEvent(index=seq.index, finish_reason="error", error=error))
-            engine.live.clear()
-            await engine.close()
+            link.live.clear()
+            await link.close()
 
     # -- routing and failover ----------------------------------------------------------------
 
     def _new_rid(self) -> int:
         while True:
             rid = secrets.randbits(63)
-            if rid and not any(rid in e.live for e in self.engines.values()):
+            if rid and not any(rid in e.live for e in self.links.values()):
                 return rid
 
     def _route(self, seq: Sequence, exclude: Upstream | None, reason: str) -> bool:
-        usable = [e for e in self.engines.values() if e.view.usable and e is not exclude]
+        usable = [e for e in self.links.values() if e.view.usable and e is not exclude]
         if not usable:
             return False
-        for engine in usable:
-            engine.view.inflight = len(engine.live)
+        for link in usable:
+            link.view.inflight = len(link.live)
         item = seq.item
         assert item is not None
         decision = self.router.pick([e.view for e in usable], item.input_ids, seq.session)
-        engine = self.engines[decision.view.address]
+        link = self.links[decision.view.address]
         policy = self.router.policy
-        metrics.ROUTED.labels(engine.address, policy, reason or decision.reason).inc()
-        engine.predicted_cached.inc(decision.predicted_tokens)
-        engine.submit(seq, item)
+        metrics.ROUTED.labels(link.address, policy, reason or decision.reason).inc()
+        link.predicted_cached.inc(decision.predicted_tokens)
+        link.submit(seq, item)
         return True
 
     def _retry(self, seq: Sequence, update: scheduler_pb2.TokenUpdate | None = None) -> bool:
         """Move a sequence that has no token yet to another engine, once."""
-        failed = seq.engine
+        failed = seq.link
         if seq.retried or seq.done or seq.detok_started:
             return False
         seq.retried = True
@@ -158,14 +158,14 @@ class Pipeline:
             metrics.RETRIES.labels(failed.address).inc()
         return True
 
-    def _on_lost(self, engine: Engine, seqs: list[Sequence], reason: str) -> None:
-        error = unavailable(f"lost the connection to the scheduler at {engine.address} "
+    def _on_lost(self, link: SchedulerLink, seqs: list[Sequence], reason: str) -> None:
+        error = unavailable(f"lost the connection to the scheduler at {link.address} "
                             f"({reason})", self._retry_after)
         stranded = [seq for seq in seqs if not self._retry(seq)]
         if len(stranded) < len(seqs):
             log.warning("moved %d sequences off scheduler %s", len(seqs) - len(stranded),
-                        engine.address)
-        flushed = {id(s) for s in self.detok.flush([s for s in seqs if s.engine is engine])}
+                        link.address)
+        flushed = {id(s) for s in self.detok.flush([s for s in seqs if s.link is link])}
         for seq in stranded:
             if seq.done:
                 continue
@@ -174,33 +174,33 @@ class Pipeline:
             else:
                 seq.end(StepEvent(index=seq.index, finish_reason="error", error=error))
 
-    async def _on_step(self, engine: Engine, response: scheduler_pb2.ConnectResponse) -> None:
-        await self.detok.on_step(engine, response)
+    async def _on_step(self, link: SchedulerLink, response: scheduler_pb2.ConnectResponse) -> None:
+        await self.detok.on_step(link, response)
 
     def _abort(self, seq: Sequence, stop: bool) -> None:
-        if seq.engine is not None:
-            seq.engine.abort(seq.rid, stop)
+        if seq.link is not None:
+            seq.link.abort(seq.rid, stop)
 
     def _detok_started(self) -> list[Sequence]:
-        return [s for e in self.engines.values() for s in e.live.values() if s.detok_started]
+        return [s for e in self.links.values() for s in e.live.values() if s.detok_started]
 
-    # -- engines -----------------------------------------------------------------------------
+    # -- engines: one link each ---------------------------------------------------------------
 
     def _set_engines(self, addresses: list[str]) -> None:
         for address in addresses:
-            engine = self.engines.get(address)
-            if engine is None:
+            link = self.links.get(address)
+            if link is None:
                 log.info("engine %s added", address)
-                engine = Engine(address, self._channel_for(address), self._engine_hooks,
+                link = SchedulerLink(address, self._channel_for(address), self._link_hooks,
                                 self.router.policy)
-                self.engines[address] = engine
-                engine.start()
-            engine.view.retired = False
-        for address, engine in self.engines.items():
-            if address not in addresses and not engine.view.retired:
+                self.links[address] = link
+                link.start()
+            link.view.retired = False
+        for address, link in self.links.items():
+            if address not in addresses and not link.view.retired:
                 log.info("engine %s left discovery: finishing its %d sequences", address,
-                         len(engine.live))
-                engine.view.retired = True
+                         len(link.live))
+                link.view.retired = True
 
     async def _housekeeping(self) -> None:
         next_resolve = 0.0
@@ -211,22 +211,22 @@ class Pipeline:
                 addresses = await self._discovery.resolve()
                 if addresses is not None:
                     self._set_engines(addresses)
-            for address, engine in list(self.engines.items()):
-                if engine.view.retired and not engine.live:
-                    del self.engines[address]
+            for address, link in list(self.links.items()):
+                if link.view.retired and not link.live:
+                    del self.links[address]
                     with contextlib.suppress(KeyError):  # never labelled if it left at once
                         metrics.ENGINE_UP.remove(address)
-                    await engine.close()
+                    await link.close()
                     continue
-                metrics.ENGINE_UP.labels(address).set(1 if engine.view.usable else 0)
-                engine.view.prune(now)
-                self._forget_orphans(engine, now)
+                metrics.ENGINE_UP.labels(address).set(1 if link.view.usable else 0)
+                link.view.prune(now)
+                self._forget_orphans(link, now)
             await asyncio.sleep(HOUSEKEEPING_S)
 
-    def _forget_orphans(self, engine: Engine, now: float) -> None:
-        stale = [r for r, s in engine.live.items()
+    def _forget_orphans(self, link: SchedulerLink, now: float) -> None:
+        stale = [r for r, s in link.live.items()
                  if s.done and now - s.done_at > ORPHAN_TIMEOUT_S]
         for rid in stale:
             log.warning("forgetting rid %d: no final update %.0fs after its abort",
                         rid, ORPHAN_TIMEOUT_S)
-            del engine.live[rid]
+            del link.live[rid]

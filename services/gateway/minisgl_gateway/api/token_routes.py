@@ -15,10 +15,10 @@ from fastapi import FastAPI, Request
 from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
 from pydantic import BaseModel
 
+from minisgl_gateway.api.json_body import parse_json
+from minisgl_gateway.api.openai_schema import _STRICT, Message, _message, parse_body
 from minisgl_gateway.errors import from_upstream, invalid
 from minisgl_gateway.gateway import Gateway
-from minisgl_gateway.json_body import parse_json
-from minisgl_gateway.openai_schema import _STRICT, Message, _message, parse_body
 
 
 class TokenizeBody(BaseModel):

@@ -7,7 +7,7 @@ Sources, at most one per request:
   extra_body        structured_outputs {json | regex | grammar | choice} (vLLM), guided_json,
                     guided_regex, guided_grammar, guided_choice (vLLM, older), regex, ebnf (SGLang)
   tool_choice       "required" or a named function: a call in the model's tool-call syntax whose
-                    arguments match the tool's JSON schema (see tool_grammar)
+                    arguments match the tool's JSON schema (api/tool_choice.py)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from minisgl_core.proto.minisgl.v1 import common_pb2
 from minisgl_gateway.errors import invalid
 
 # Compact JSON (no free whitespace): weak models cannot loop on blanks inside a structure.
-_JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS = {"whitespace_flexible": False}
 
 
 def grammar_text(g: common_pb2.Grammar) -> str:
@@ -30,10 +30,10 @@ def grammar_text(g: common_pb2.Grammar) -> str:
     kind = g.WhichOneof("spec")
     if kind == "json_schema":
         return llguidance.LLMatcher.grammar_from_json_schema(g.json_schema,
-                                                             overrides=_JSON_OPTIONS)  # type: ignore[arg-type]
+                                                             overrides=JSON_OPTIONS)  # type: ignore[arg-type]
     if kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"},
-                                                             overrides=_JSON_OPTIONS)  # type: ignore[arg-type]
+                                                             overrides=JSON_OPTIONS)  # type: ignore[arg-type]
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(g.regex)
     return llguidance.LLMatcher.grammar_from_lark(g.lark)
@@ -117,47 +117,3 @@ def from_extra(extra: dict[str, Any]) -> tuple[common_pb2.Grammar | None, str]:
         raise invalid(f"at most one of {[k for _, k in found]} may be given",
                       param=found[1][1])
     return found[0] if found else (None, "")
-
-
-# -- tool calls ----------------------------------------------------------------------------------
-
-def _function(tool: Any, index: int) -> tuple[str, dict[str, Any]]:
-    fn = tool.get("function") if isinstance(tool, dict) else None
-    if not isinstance(tool, dict) or tool.get("type", "function") != "function" or \
-            not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise invalid(f"tools.{index} must be {{'type': 'function', 'function': {{'name': ...}}}}",
-                      param=f"tools.{index}")
-    params = fn.get("parameters") or {"type": "object"}
-    if not isinstance(params, dict):
-        raise invalid(f"tools.{index}.function.parameters must be a JSON Schema object",
-                      param=f"tools.{index}.function.parameters")
-    return fn["name"], params
-
-
-def tool_names(tools: list[Any]) -> list[str]:
-    return [_function(t, i)[0] for i, t in enumerate(tools)]
-
-
-def tool_grammar(tools: list[Any], only: str | None, parallel: bool,
-                 syntax: str) -> common_pb2.Grammar:
-    """A Lark grammar: one call (several with `parallel`) to `only` or any of `tools`, written
-    the way `syntax` (a tool-call parser name) expects, arguments matching the tool's schema."""
-    fns = [_function(t, i) for i, t in enumerate(tools)]
-    if only is not None:
-        fns = [f for f in fns if f[0] == only]
-    args_key = "parameters" if syntax == "llama3" else "arguments"
-    variants = [{"type": "object", "properties": {"name": {"const": name}, args_key: params},
-                 "required": ["name", args_key], "additionalProperties": False}
-                for name, params in fns]
-    call: dict[str, object] = {"anyOf": variants} if len(variants) > 1 else variants[0]
-    call["x-guidance"] = _JSON_OPTIONS
-    body = "%json " + json.dumps(call)
-    if syntax == "mistral":
-        arr = '"[" item ("," item)* "]"' if parallel else '"[" item "]"'
-        lark = f'start: "[TOOL_CALLS]" {arr}\nitem: {body}\n'
-    elif syntax == "llama3":
-        lark = f"start: {body}\n"  # Llama 3.x writes one JSON call
-    else:  # hermes (Qwen2.5/Qwen3)
-        calls = 'call ("\\n" call)*' if parallel else "call"
-        lark = f'start: {calls}\ncall: "<tool_call>\\n" {body} "\\n</tool_call>"\n'
-    return common_pb2.Grammar(lark=lark)

@@ -10,13 +10,13 @@ from typing import Any, Literal
 from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from minisgl_gateway import structured
+from minisgl_gateway.agent.registry import Formats
+from minisgl_gateway.api import structured, tool_choice
+from minisgl_gateway.api.job import CHAT_ROLES, INT32_MAX, Job, require_int
+from minisgl_gateway.api.json_body import parse_json
 from minisgl_gateway.errors import ApiError, invalid
-from minisgl_gateway.job import INT32_MAX, Job, require_int
-from minisgl_gateway.json_body import parse_json
 
 _STRICT = ConfigDict(extra="allow", strict=True)
-_ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 
 class StreamOptions(BaseModel):
@@ -182,8 +182,8 @@ def _common_checks(body: _Common) -> None:
 
 
 def _message(index: int, msg: Message) -> common_pb2.ChatMessage:
-    if msg.role not in _ROLES:
-        raise invalid(f"messages.{index}.role must be one of {sorted(_ROLES)}",
+    if msg.role not in CHAT_ROLES:
+        raise invalid(f"messages.{index}.role must be one of {sorted(CHAT_ROLES)}",
                       param=f"messages.{index}.role")
     if isinstance(msg.content, list):
         texts = []
@@ -209,16 +209,19 @@ def _message(index: int, msg: Message) -> common_pb2.ChatMessage:
     return out
 
 
-def chat_job(body: ChatBody) -> Job:
+def chat_job(body: ChatBody, formats: Formats) -> Job:
+    """`formats`: the served model's output parsers (the gateway's, from its flags or the model
+    name)."""
     _common_checks(body)
     if not body.messages:
         raise invalid("messages must contain at least one message", param="messages")
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs requires logprobs to be true", param="top_logprobs")
     chat = tokenizer_pb2.ChatInput(messages=[_message(i, m) for i, m in enumerate(body.messages)])
-    choice = _tool_choice(body)
-    if body.tools and choice != "none":
-        chat.tools_json = json.dumps(body.tools)
+    tools = body.tools or []
+    choice = _tool_choice(body, tools)
+    if tools and choice.mode != "none":
+        chat.tools_json = json.dumps(tools)
     if body.chat_template_kwargs:
         chat.chat_template_kwargs_json = json.dumps(body.chat_template_kwargs)
     top = require_int(body.top_logprobs or 0, "top_logprobs")
@@ -230,58 +233,30 @@ def chat_job(body: ChatBody) -> Job:
         n=body.n if body.n is not None else 1, max_tokens_default="context",
         prompt_param="messages", user=body.user or "",
     )
-    tool_syntax, reasoning = FORMATS
-    job.reasoning_parser = reasoning
-    if body.tools and choice != "none":
-        job.tool_parser = tool_syntax
-        if tool_syntax == "mistral" and body.skip_special_tokens is None:
-            # [TOOL_CALLS] is a special token in Mistral vocabularies: keep it in the text.
-            job.stop.skip_special_tokens = False
     _logit_bias(body, job.sampling)
     grammar = structured.from_response_format(body.response_format)
     if grammar is not None:
         job.sampling.grammar.CopyFrom(grammar)
         job.grammar_param = "response_format"
-    if choice not in ("none", "auto"):
-        if grammar is not None:
-            raise invalid("tool_choice 'required' or a named function cannot be combined with "
-                          "response_format", param="tool_choice")
-        only = None if choice == "required" else choice
-        parallel = body.parallel_tool_calls is not False and only is None
-        job.sampling.grammar.CopyFrom(structured.tool_grammar(body.tools or [], only, parallel,
-                                                              tool_syntax))
-        job.grammar_param = "tool_choice"
+    tool_choice.apply(job, tools, choice, formats, parallel=body.parallel_tool_calls is not False)
     _extra_grammar(body, job, job.grammar_param)
     return job
 
 
-# (tool-call parser, reasoning parser) of the served model; the gateway sets it at start-up.
-FORMATS: tuple[str, str] = ("hermes", "qwen3")
-
-
-def _tool_choice(body: ChatBody) -> str:
-    """"none", "auto", "required" or the name of the function that must be called."""
+def _tool_choice(body: ChatBody, tools: list[dict[str, Any]]) -> tool_choice.ToolChoice:
+    """OpenAI's shapes: a keyword, or `{"type": "function", "function": {"name": ...}}`."""
     choice = body.tool_choice
-    if choice is None:
-        return "auto" if body.tools else "none"
     if isinstance(choice, dict):
         fn = choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if choice.get("type") != "function" or not isinstance(name, str):
             raise invalid("tool_choice must be 'none', 'auto', 'required' or "
                           "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
-        if name not in structured.tool_names(body.tools or []):
-            raise invalid(f"tool_choice names function {name!r}, which is not in tools",
-                          param="tool_choice")
-        return name
-    if choice not in ("none", "auto", "required"):
+        return tool_choice.resolve(name, tools, "tools", named=True)
+    if choice is not None and choice not in tool_choice.KEYWORDS:
         raise invalid("tool_choice must be 'none', 'auto', 'required' or a named function",
                       param="tool_choice")
-    if choice == "required" and not body.tools:
-        raise invalid("tool_choice 'required' needs tools", param="tool_choice")
-    if body.tools:
-        structured.tool_names(body.tools)  # shape check
-    return choice
+    return tool_choice.resolve(choice, tools, "tools")
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]
@@ -339,10 +314,11 @@ def stream_flags(body: _Common) -> tuple[bool, bool]:
 Endpoint = Literal["chat", "completion"]
 
 
-def build_job(endpoint: Endpoint, payload: Any) -> tuple[Job, bool, bool, str | None]:
+def build_job(endpoint: Endpoint, payload: Any, formats: Formats
+              ) -> tuple[Job, bool, bool, str | None]:
     """(job, stream, include_usage, user) for a parsed JSON body; raises ApiError."""
     body = parse_body(ChatBody if endpoint == "chat" else CompletionBody, payload)
-    job = chat_job(body) if endpoint == "chat" else completion_job(body)
+    job = chat_job(body, formats) if endpoint == "chat" else completion_job(body)
     stream, include_usage = stream_flags(body)
     job.continuous_usage = bool(stream and body.stream_options
                                 and body.stream_options.continuous_usage_stats)
@@ -354,19 +330,20 @@ def build_job(endpoint: Endpoint, payload: Any) -> tuple[Job, bool, bool, str | 
 INLINE_PARSE_BYTES = 64 * 1024
 
 
-def _parse_request(endpoint: Endpoint, raw: bytes, max_items: int) -> tuple[Job, bool, bool]:
-    job, stream, include_usage, user = build_job(endpoint, parse_json(raw, max_items))
+def _parse_request(endpoint: Endpoint, raw: bytes, max_items: int, formats: Formats
+                   ) -> tuple[Job, bool, bool]:
+    job, stream, include_usage, user = build_job(endpoint, parse_json(raw, max_items), formats)
     job.session = user or ""
     return job, stream, include_usage
 
 
-async def parse_request(endpoint: Endpoint, raw: bytes, max_items: int = 0
+async def parse_request(endpoint: Endpoint, raw: bytes, formats: Formats, max_items: int = 0
                         ) -> tuple[Job, bool, bool]:
     """(job, stream, include_usage) for a raw body, without stalling other requests on a big
     one."""
     if len(raw) <= INLINE_PARSE_BYTES:
-        return _parse_request(endpoint, raw, max_items)
-    return await asyncio.to_thread(_parse_request, endpoint, raw, max_items)
+        return _parse_request(endpoint, raw, max_items, formats)
+    return await asyncio.to_thread(_parse_request, endpoint, raw, max_items, formats)
 
 
 __all__ = ["ApiError", "build_job", "parse_request"]

@@ -12,9 +12,10 @@ from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
 from minisgl_core.sampling import InvalidParams, SamplingParams
 
 from minisgl_gateway.config import Limits
-from minisgl_gateway.errors import ApiError, invalid
+from minisgl_gateway.errors import invalid
 
 INT32_MAX = 2**31 - 1
+CHAT_ROLES = {"system", "user", "assistant", "tool", "developer"}  # "developer" means "system"
 SEED_LIMIT = 2**63
 
 # How max_tokens is chosen when the client leaves it out.
@@ -36,7 +37,7 @@ class Job:
     request_id: str = ""
     user: str = ""  # OpenAI's end-user id: routing and logs
     echo: bool = False  # completions: each choice starts with its prompt's text
-    tool_parser: str = ""  # output parsers (agent_parsers); "" = off
+    tool_parser: str = ""  # output parsers by name (agent/registry.py); "" = off
     reasoning_parser: str = ""
     grammar_param: str = ""  # the request field the grammar came from (errors name it)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
@@ -117,7 +118,7 @@ def check_job(job: Job, limits: Limits, max_model_len: int, vocab_size: int) -> 
         if sp.ignore_eos or sp.min_tokens:
             raise invalid("ignore_eos and min_tokens cannot be combined with a grammar (the "
                           "grammar ends the output)", param=job.grammar_param)
-        from minisgl_gateway.structured import validate
+        from minisgl_gateway.api.structured import validate
 
         validate(sp.grammar, job.grammar_param)
     if len(job.stop.stop) > limits.max_stop:
@@ -166,8 +167,3 @@ def require_int(value: int, name: str, lo: int = 0, hi: int = INT32_MAX) -> int:
     if not lo <= value <= hi:
         raise invalid(f"{name} must be in [{lo}, {hi}]", param=name)
     return value
-
-
-def model_error(name: str) -> ApiError:
-    return ApiError(404, f"The model `{name}` does not exist", param="model",
-                    code="model_not_found")

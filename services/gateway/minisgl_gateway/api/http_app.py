@@ -22,15 +22,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl_gateway import metrics
+from minisgl_gateway.api.choice_output import echo_prefixes
+from minisgl_gateway.api.generation import Generation
+from minisgl_gateway.api.job import Job
+from minisgl_gateway.api.json_body import context_body_limit
+from minisgl_gateway.api.openai_format import DONE, Formatter, error_event, model_card
+from minisgl_gateway.api.openai_schema import parse_request
+from minisgl_gateway.api.token_routes import add_token_routes
 from minisgl_gateway.errors import ApiError, invalid
 from minisgl_gateway.gateway import Gateway
-from minisgl_gateway.generation import Generation
-from minisgl_gateway.job import Job
-from minisgl_gateway.json_body import context_body_limit
-from minisgl_gateway.openai_format import DONE, Formatter, error_event, model_card
-from minisgl_gateway.openai_schema import parse_request
 from minisgl_gateway.request_context import RequestContextMiddleware
-from minisgl_gateway.token_routes import add_token_routes
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +173,7 @@ class GenerationResponse(Response):
 
     async def _formatter(self) -> Formatter:
         job = self.job
-        echo = None
-        if job.echo:
-            texts = [p.text if p.HasField("text") else
-                     await self.gateway.detokenize(list(p.token_ids.ids)) for p in job.prompts]
-            echo = [texts[i // job.n] for i in range(job.num_choices)]
+        echo = await echo_prefixes(job, self.gateway.detokenize)
         return Formatter(job.kind, self.gateway.info.name, job.tool_parser,
                          job.reasoning_parser, echo)
 
@@ -287,7 +284,7 @@ def create_app(gateway: Gateway) -> FastAPI:
             f"window ({context} tokens) is that large", code="context_length_exceeded"))
         # The routes below pass only "chat" or "completion" (the Endpoint literal).
         job, stream, include_usage = await parse_request(
-            endpoint, raw, context)  # type: ignore[arg-type]
+            endpoint, raw, gateway.info.formats, context)  # type: ignore[arg-type]
         job.session = request.headers.get("x-session-id") or job.session
         return GenerationResponse(gateway, job, stream, include_usage)
 

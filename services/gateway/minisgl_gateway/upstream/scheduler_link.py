@@ -1,4 +1,4 @@
-"""One engine (a scheduler and its workers) as the gateway sees it: one `Connect` stream for its
+"""The gateway's link to one engine (a scheduler and its workers): one `Connect` stream for its
 sequences and one `Watch` stream for its load and prefix-cache events, both kept open by
 streams.keep_open, and the sequences it runs.
 
@@ -19,9 +19,9 @@ from grpc_health.v1 import health_pb2_grpc
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from minisgl_gateway import metrics
-from minisgl_gateway.engine_view import EngineView
-from minisgl_gateway.sequence import Sequence
-from minisgl_gateway.streams import keep_open
+from minisgl_gateway.upstream.engine_view import EngineView
+from minisgl_gateway.upstream.sequence import Sequence
+from minisgl_gateway.upstream.streams import keep_open
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +29,16 @@ LOAD_INTERVAL_S = 0.1  # asked of the scheduler's Watch stream
 
 
 @dataclass(frozen=True)
-class EngineHooks:
-    """What the pipeline does with an engine's stream: a step's updates, and the loss of the
+class LinkHooks:
+    """What the pipeline does with a link's stream: a step's updates, and the loss of the
     stream with every sequence it carried (already taken out of `live`)."""
 
-    on_step: Callable[[Engine, scheduler_pb2.ConnectResponse], Awaitable[None]]
-    on_lost: Callable[[Engine, list[Sequence], str], None]
+    on_step: Callable[[SchedulerLink, scheduler_pb2.ConnectResponse], Awaitable[None]]
+    on_lost: Callable[[SchedulerLink, list[Sequence], str], None]
 
 
-class Engine:
-    def __init__(self, address: str, channel: grpc.aio.Channel, hooks: EngineHooks,
+class SchedulerLink:
+    def __init__(self, address: str, channel: grpc.aio.Channel, hooks: LinkHooks,
                  policy: str = "") -> None:
         self.address = address
         self.reported_cached = metrics.REPORTED_CACHED.labels(address, policy)
@@ -74,7 +74,7 @@ class Engine:
 
     def submit(self, seq: Sequence, item: scheduler_pb2.SubmitItem) -> None:
         """Queue one sequence; it goes out with the next coalesced ConnectRequest."""
-        seq.engine = self
+        seq.link = self
         self.live[seq.rid] = seq
         self._submits.append(item)
         self._wake.set()

@@ -27,10 +27,10 @@ from minisgl_core.proto.minisgl.v1 import (
     scheduler_pb2,
 )
 
-from minisgl_gateway.engine import Engine
 from minisgl_gateway.errors import ApiError, from_upstream, unavailable
-from minisgl_gateway.sequence import Sequence, StepEvent
-from minisgl_gateway.streams import keep_open
+from minisgl_gateway.upstream.scheduler_link import SchedulerLink
+from minisgl_gateway.upstream.sequence import Sequence, StepEvent
+from minisgl_gateway.upstream.streams import keep_open
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +83,14 @@ class Detokenizing:
 
     # -- engine steps ------------------------------------------------------------------------
 
-    async def on_step(self, engine: Engine, response: scheduler_pb2.ConnectResponse) -> None:
+    async def on_step(self, link: SchedulerLink, response: scheduler_pb2.ConnectResponse) -> None:
         # Hot path: runs for every token of every stream. The DetokenizeUpdates are added in
         # place (constructing each and copying it into the request cost twice as much), and
         # each repeated field is read once.
         batch: Batch = []
         request = detokenizer_pb2.DetokenizeRequest()
         add = request.updates.add
-        live = engine.live
+        live = link.live
         for update in response.updates:
             rid = update.rid
             seq = live.get(rid)
@@ -99,7 +99,7 @@ class Detokenizing:
             finished = update.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
             if finished:
                 del live[rid]
-                engine.reported_cached.inc(update.cached_tokens)
+                link.reported_cached.inc(update.cached_tokens)
             if seq.done:  # dropped by the gateway: only flush the detokenizer at the very end
                 if finished and seq.detok_started:
                     add(rid=rid, finished=True)

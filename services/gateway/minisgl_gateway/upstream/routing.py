@@ -25,7 +25,7 @@ from hashlib import blake2b
 
 from minisgl_core.prefix_hash import page_hashes
 
-from minisgl_gateway.engine_view import EngineView
+from minisgl_gateway.upstream.engine_view import EngineView
 
 POLICIES = ("round_robin", "least_load", "cache_aware")
 DEFAULT_BALANCE_THRESHOLD = 32.0

@@ -14,10 +14,10 @@ from minisgl_core.logging import REQUEST_ID, log_fields
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
 from minisgl_gateway import metrics
+from minisgl_gateway.api.job import Job, check_job, choice_seed, resolve_max_tokens
 from minisgl_gateway.gateway import Gateway
-from minisgl_gateway.job import Job, check_job, choice_seed, resolve_max_tokens
 from minisgl_gateway.request_context import traceparent
-from minisgl_gateway.sequence import EventSink, Sequence, StepEvent
+from minisgl_gateway.upstream.sequence import EventSink, Sequence, StepEvent
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Generation:
         """Checks, tokenizes and submits; raises ApiError when the request cannot run."""
         gw, job = self.gateway, self.job
         info = gw.info
-        prompts = await gw.tokenize(job)
+        prompts = await gw.tokenize(job.prompts, job.prompt_param)
         # Every sequence of the request carries its id and trace context to each service.
         trace_ctx, request_id = traceparent(), REQUEST_ID.get()
         budgets = [resolve_max_tokens(job, len(ids), info.max_model_len, gw.limits)

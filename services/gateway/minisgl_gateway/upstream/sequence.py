@@ -15,8 +15,8 @@ from minisgl_gateway.errors import ApiError
 
 
 class Upstream(Protocol):
-    """The engine a sequence runs on (engine.Engine; named here so that this module, below the
-    engine in the import graph, need not import it)."""
+    """The link to the engine a sequence runs on (scheduler_link.SchedulerLink; named here so
+    that this module, below the link in the import graph, need not import it)."""
 
     address: str
 
@@ -94,7 +94,7 @@ class Sequence:
     num_tokens: int = 0  # tokens delivered (up to a stop string)
     traceparent: str = ""  # the request's span, for the detokenizer's (empty: not traced)
     request_id: str = ""  # the client's x-request-id, for the detokenizer's log lines
-    engine: Upstream | None = None  # where it runs
+    link: Upstream | None = None  # the scheduler link it runs on
     item: scheduler_pb2.SubmitItem | None = None  # what was submitted: sent again on a retry
     session: str = ""  # sticky-routing key
     retried: bool = False  # moved to another engine once already

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) does to a str
 from typing import Any
 
-from minisgl_gateway.agent_parsers import ChoiceParser, Delta, ToolCall
+from minisgl_gateway.agent.base import ToolCall
+from minisgl_gateway.api.choice_output import ChoiceOutputs
+from minisgl_gateway.api.generation import ChoiceChunk, TokenLogprob, Usage
 from minisgl_gateway.errors import ApiError
-from minisgl_gateway.generation import ChoiceChunk, TokenLogprob, Usage
 
 
 def new_id(kind: str) -> str:
@@ -45,20 +46,18 @@ class Formatter:
 
     def __init__(self, kind: str, model: str, tool_parser: str = "", reasoning_parser: str = "",
                  echo: list[str] | None = None) -> None:
-        """Chat answers go through the tool-call / reasoning parsers named (agent_parsers);
+        """Chat answers go through the tool-call / reasoning parsers named (agent/);
         `echo`: completions, the text each choice starts with."""
         self.kind = kind
         self.model = model
-        self._syntax = (tool_parser, reasoning_parser) if kind == "chat" else ("", "")
-        self._parsers: dict[int, ChoiceParser] = {}
-        self._echo = echo
+        chat = kind == "chat"
+        self.out = ChoiceOutputs(tool_parser if chat else "", reasoning_parser if chat else "",
+                                 echo)
         # stream_options.continuous_usage_stats: the usage so far, in every chunk.
         self.usage_now: Callable[[], Usage] | None = None
         self.id = new_id(kind)
         self.created = int(time.time())
         self._offsets: dict[int, int] = {}  # completions text_offset per choice (streaming)
-        self._echoed_choices: set[int] = set()
-        self._whole: dict[int, Delta] = {}  # unary answers parsed chunk by chunk (observe)
         self._templates: dict[bool, tuple[str, str, str]] = {}  # include_usage -> text chunk
 
     def _head(self, obj: str) -> dict[str, Any]:
@@ -100,30 +99,10 @@ class Formatter:
 
     @property
     def parsing(self) -> bool:
-        return any(self._syntax)
-
-    def _parse(self, c: ChoiceChunk) -> Delta:
-        parser = self._parsers.get(c.index)
-        if parser is None:
-            parser = self._parsers[c.index] = ChoiceParser(*self._syntax)
-        return parser.feed(c.text, len(c.token_ids), final=c.finish_reason is not None)
-
-    def _finish(self, c: ChoiceChunk) -> str | None:
-        parser = self._parsers.get(c.index)
-        if c.finish_reason == "stop" and parser is not None and parser.made_calls:
-            return "tool_calls"
-        return c.finish_reason
+        return self.out.parsing
 
     def reasoning_tokens(self) -> int | None:
-        if not self._syntax[1]:
-            return None
-        return sum(p.reasoning_tokens for p in self._parsers.values())
-
-    def _echoed(self, c: ChoiceChunk) -> None:
-        """Completions echo: the prompt's text before the choice's first text."""
-        if self._echo is not None and c.index not in self._echoed_choices:
-            self._echoed_choices.add(c.index)
-            c.text = self._echo[c.index] + c.text
+        return self.out.reasoning_tokens()
 
     @staticmethod
     def _call_json(call: ToolCall) -> dict[str, Any]:
@@ -131,26 +110,19 @@ class Formatter:
                 "function": {"name": call.name, "arguments": call.arguments}}
 
     def observe(self, c: ChoiceChunk) -> None:
-        """A unary answer's chunks as they come (`Generation.collect`): parsed one by one, so
-        reasoning tokens are counted per chunk as in a stream."""
-        if self.kind != "chat" or not self.parsing:
-            return
-        d = self._parse(c)
-        whole = self._whole.setdefault(c.index, Delta())
-        whole.reasoning += d.reasoning
-        whole.content += d.content
-        whole.tools += d.tools
+        """A unary answer's chunks as they come (`Generation.collect`)."""
+        self.out.observe(c)
 
     def response(self, choices: list[ChoiceChunk], usage: Usage, logprobs: bool) -> dict[str, Any]:
         out = []
         for c in choices:
             item: dict[str, Any] = {"index": c.index}
-            if self.kind == "chat" and self.parsing:
-                d = self._whole.get(c.index) or self._parse(c)
+            if self.parsing:
+                d = self.out.whole(c)
                 message: dict[str, Any] = {"role": "assistant",
                                            "content": d.content if d.content or not d.calls
                                            else None}
-                if self._syntax[1]:
+                if self.out.reasoning:
                     message["reasoning_content"] = d.reasoning or None
                 if d.calls:
                     message["tool_calls"] = [self._call_json(t) for t in d.calls]
@@ -158,10 +130,10 @@ class Formatter:
             elif self.kind == "chat":
                 item["message"] = {"role": "assistant", "content": c.text}
             else:
-                self._echoed(c)
+                self.out.echo_into(c)
                 item["text"] = c.text
             item["logprobs"] = self._logprobs(c, logprobs)
-            item["finish_reason"] = self._finish(c)
+            item["finish_reason"] = self.out.finish_reason(c)
             item["stop_reason"] = c.matched_stop or None
             out.append(item)
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
@@ -188,13 +160,16 @@ class Formatter:
     def stream_chunks(self, chunks: list[ChoiceChunk], logprobs: bool,
                       include_usage: bool) -> list[bytes]:
         out = []
+        parsers = self.out.parsers if self.out.parsing else None
+        echoing = self.out.echoing
         for c in chunks:
-            if self.kind == "chat" and self.parsing:
-                parser = self._parsers.get(c.index)
+            if parsers is not None:
+                parser = parsers.get(c.index)
                 if parser is None or not parser.passthrough:
                     out += self._parsed_chunks(c, logprobs, include_usage)
                     continue
-            self._echoed(c)
+            if echoing:
+                self.out.echo_into(c)
             if not c.text and not c.finish_reason and not c.logprobs:
                 continue  # nothing visible yet (e.g. half a UTF-8 character)
             if not c.finish_reason and not logprobs and self.usage_now is None:  # most chunks
@@ -217,7 +192,7 @@ class Formatter:
     def _parsed_chunks(self, c: ChoiceChunk, logprobs: bool, include_usage: bool) -> list[bytes]:
         """Chat deltas through the parsers: reasoning, content, then each completed tool call
         as a name delta and an arguments delta."""
-        d = self._parse(c)
+        d = self.out.parse(c)
         deltas: list[dict[str, Any]] = []
         if d.reasoning:
             deltas.append({"reasoning_content": d.reasoning})
@@ -238,7 +213,8 @@ class Formatter:
             out.append(self._chunk([item], include_usage))
         if c.finish_reason:
             item = {"index": c.index, "delta": {}, "logprobs": None if deltas else lp,
-                    "finish_reason": self._finish(c), "stop_reason": c.matched_stop or None}
+                    "finish_reason": self.out.finish_reason(c),
+                    "stop_reason": c.matched_stop or None}
             out.append(self._chunk([item], include_usage))
         return out
 
