@@ -49,7 +49,7 @@ def _serve_parser(sub: argparse._SubParsersAction, engine_flags: bool) -> list[R
                         "streamed tokens/s)")
     p.add_argument("--engines", "--engine-replicas", dest="engines", type=int, default=1,
                    help="engines (a scheduler and its worker each); every gateway routes over "
-                        "all of them (gateway --routing, default cache_aware)")
+                        "all of them (--routing, default cache_aware)")
     p.add_argument("--internal-token", action=argparse.BooleanOptionalAction, default=True,
                    help="a random per-run token on every internal RPC, so other local users "
                         "cannot drive the internal services")

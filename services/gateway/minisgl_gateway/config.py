@@ -130,9 +130,11 @@ _AT_LEAST_ONE = ("max_concurrent_requests", "max_body_bytes", "max_n", "max_prom
 
 
 def parse_config(argv: list[str] | None = None) -> GatewayConfig:
-    ns = FLAGS.parse(argv)
-    config = FLAGS.build(GatewayConfig, ns)
-    error = help_parser().error
+    config = FLAGS.build(GatewayConfig, FLAGS.parse(argv))
+
+    def error(message: str) -> None:
+        help_parser().error(message)  # exits 2 with the usage, as argparse's own errors do
+
     if bool(config.tls_cert) != bool(config.tls_key):
         error("--tls-cert and --tls-key go together")
     lim, routing = config.limits, config.routing
