@@ -57,8 +57,8 @@ def flag(default: Any = MISSING, help: str = "", *, default_factory: Callable[[]
          env_fallback: str | None = None, choices: tuple[str, ...] | list[str] | None = None,
          metavar: str | None = None, kind: type | None = None,
          parser_default: Any = _UNSET) -> Any:
-    """A dataclass field that is also a flag. `help` is kept as metadata["help"] too, which the
-    in-process `LLM` and older readers look at."""
+    """A dataclass field that is also a flag. `help` is also kept as metadata["help"]: a field's
+    description for readers of the dataclass that know nothing of flags."""
     meta = FlagMeta(help=help, option=option, env=(env,) if isinstance(env, str) else env,
                     env_fallback=env_fallback, choices=tuple(choices) if choices else None,
                     metavar=metavar, kind=kind, parser_default=parser_default)
