@@ -12,7 +12,8 @@ import sys
 
 import pytest
 from minisgl_core import logging as core_logging
-from minisgl_core.config import ServiceArgs, version
+from minisgl_core.config import version
+from minisgl_core.flags import ServiceFlags
 from minisgl_core.logging import REQUEST_ID, log_fields, resolve_format, setup_logging
 from minisgl_core.startup import explain
 
@@ -33,10 +34,10 @@ def test_auto_format_is_text_on_a_terminal_and_json_otherwise() -> None:
 
 def test_log_format_flag_and_env_reach_setup_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(core_logging, "default_format", "auto")
-    ServiceArgs("scheduler", "test").parse(["--log-format", "text"])
+    ServiceFlags("scheduler", "test", ()).parse(["--log-format", "text"])
     assert core_logging.default_format == "text"
     monkeypatch.setenv("MINISGL_LOG_FORMAT", "json")
-    ServiceArgs("scheduler", "test").parse([])
+    ServiceFlags("scheduler", "test", ()).parse([])
     assert core_logging.default_format == "json"
 
 

@@ -49,7 +49,11 @@ def test_serve_starts_all_and_stops_all(tiny_model_path: Path, how: signal.Signa
     http, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "minisgl.cli", "serve", "--model", str(tiny_model_path),
-         "--port", str(http), "--grpc-port", str(grpc_port), "--log-level", "warning"],
+         "--port", str(http), "--grpc-port", str(grpc_port), "--log-level", "warning",
+         # service flags given directly (to the scheduler and the worker; to the gateway) and a
+         # per-service string beside them
+         "--max-prefill-tokens", "1024", "--tool-call-parser", "hermes",
+         "--scheduler-args", "--max-running-requests 64"],
         stdout=subprocess.PIPE, stderr=open(tmp_path / "launcher.log", "w"), text=True,  # noqa: SIM115
         env={**os.environ, **{f"MINISGL_{s}_PORT": str(free_port())
                               for s in ("WORKER", "TOKENIZER", "DETOKENIZER", "SCHEDULER")}},

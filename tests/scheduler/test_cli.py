@@ -10,7 +10,7 @@ from minisgl_scheduler.config import SchedulerConfig
 
 
 def test_every_config_field_is_a_flag_with_its_help() -> None:
-    parser = build_parser().parser
+    parser = build_parser().parser()
     actions = {a.dest: a for a in parser._actions}
     for f in fields(SchedulerConfig):
         assert f.metadata["help"], f.name

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from minisgl_core.config import DEFAULT_PORTS, env_default, flag_value
+from minisgl_core.config import DEFAULT_PORTS, env_default
 from minisgl_core.logging import log_fields
 from minisgl_core.security import TLS_DIR_ENV, TOKEN_FILE_ENV, InternalSecurity
 from minisgl_core.serving import wait_for_health
@@ -35,26 +35,6 @@ from minisgl_core.serving import wait_for_health
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-
-
-# Scheduler flags the worker must be started with too: the prefill chunk sizes the worker's TP
-# all-reduce buffer (a longer step would fall back to NCCL).
-_MIRRORED_FLAGS = ("--max-prefill-tokens",)
-
-
-def _worker_mirrors(scheduler_args: list[str], worker_args: list[str]) -> list[str]:
-    """The worker's copies of `_MIRRORED_FLAGS` the scheduler got (in its flags or its
-    MINISGL_SCHEDULER_* variable) and the worker did not."""
-    out = []
-    for flag in _MIRRORED_FLAGS:
-        name = flag.removeprefix("--")
-        given = flag_value(scheduler_args, flag) or env_default("scheduler", name, None)
-        if given is not None and flag_value(worker_args, flag) is None \
-                and env_default("worker", name, None) is None:
-            out += [flag, str(given)]
-    return out
-
-
 _PORTS_GIVEN: set[int] = set()
 
 
@@ -106,7 +86,9 @@ class StackConfig:
     http_port: int = DEFAULT_PORTS["gateway_http"]
     grpc_port: int = DEFAULT_PORTS["gateway_grpc"]
     internal_ports: dict[str, int] = field(default_factory=dict)  # empty: defaults; 0: pick free
-    extra_args: dict[str, list[str]] = field(default_factory=dict)  # service -> more flags
+    # service -> more flags, after the launcher's own (`minisgl serve` routes the flags it is given
+    # directly to the services declaring them: minisgl.flags)
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None  # None: children write to this process's stderr
     log_level: str = "info"
@@ -209,10 +191,7 @@ class Stack:
         }
         if name == "gateway" and cfg.gateway_replicas > 1:
             common.append("--reuse-port")
-        extra = cfg.extra_args.get(name, [])
-        if name == "worker":
-            extra = extra + _worker_mirrors(cfg.extra_args.get("scheduler", []), extra)
-        return commands[name] + common + extra
+        return commands[name] + common + cfg.extra_args.get(name, [])
 
     def _spawn(self, name: str, key: str | None = None) -> None:
         out: int | IO[bytes] | None = None

@@ -1,19 +1,14 @@
-"""Command-line flags that every service shares, each with an environment variable fallback.
+"""Defaults the services share (ports, the prefill chunk) and small helpers about flags.
 
-A flag `--port` of the service `scheduler` reads `MINISGL_SCHEDULER_PORT` when not given; flags common
-to all services (`--log-level`) read `MINISGL_LOG_LEVEL`. Flags always win over the environment.
+Flags themselves are declared as dataclass fields (minisgl_core.flags): a flag `--port` of the
+service `scheduler` reads `MINISGL_SCHEDULER_PORT` when not given; flags always win.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import os
 from typing import Any
-
-from minisgl_core import logging as core_logging
-from minisgl_core.metrics_compat import MODES as COMPAT_MODES
-from minisgl_core.metrics_compat import set_compat
 
 # Default loopback ports of the local stack (`minisgl serve`); each service's --port overrides.
 DEFAULT_PORTS = {
@@ -64,73 +59,13 @@ def env_name(service: str, flag: str) -> str:
 
 
 def env_default(service: str, flag: str, default: Any, kind: type = str) -> Any:
+    """What `service` reads for `flag` from MINISGL_<SERVICE>_<FLAG> when not given it."""
     value = os.environ.get(env_name(service, flag))
     if value is None:
         return default
-    if kind is bool:
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return kind(value)
+    return parse_bool(value) if kind is bool else kind(value)
 
 
-class ServiceArgs:
-    """Builds a parser whose flags fall back to `MINISGL_<SERVICE>_<FLAG>` env vars."""
-
-    def __init__(self, service: str, description: str) -> None:
-        self.service = service
-        self.parser = argparse.ArgumentParser(
-            prog=f"minisgl-{service}",
-            description=description,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-            epilog=f"Every flag --x-y may also be set as MINISGL_{service.upper()}_X_Y.",
-        )
-        self.parser.add_argument(
-            "--metrics-compat", default=os.environ.get("MINISGL_METRICS_COMPAT", "off"),
-            choices=list(COMPAT_MODES), help="also export metrics under another server's names "
-            "('vllm': vllm:* for vLLM's dashboards and routers; env MINISGL_METRICS_COMPAT)")
-        self.parser.add_argument("--version", action="version",
-                                 version=f"minisgl-{service} {version()}")
-        self.parser.add_argument(
-            "--log-format", default=os.environ.get("MINISGL_LOG_FORMAT", "auto"),
-            choices=core_logging.LOG_FORMATS,
-            help="text or json lines; auto: text on a terminal, json otherwise "
-            "(env MINISGL_LOG_FORMAT)")
-
-    def add(self, flag: str, default: Any, help: str, kind: type = str, **kw: Any) -> None:
-        name = flag.lstrip("-")
-        value = env_default(self.service, name, default, kind)
-        if kind is bool:
-            self.parser.add_argument(
-                flag, default=value, action=argparse.BooleanOptionalAction, help=help
-            )
-        else:
-            self.parser.add_argument(flag, default=value, type=kind, help=help, **kw)
-
-    def add_common(self, port: int, metrics_port: int | None = None) -> None:
-        self.add("--host", "127.0.0.1", "address to listen on")
-        self.add("--port", port, "gRPC port", int)
-        if metrics_port is not None:
-            self.add("--metrics-port", metrics_port, "Prometheus /metrics port (0: off)", int)
-            self.add("--metrics-host", "", "address of the /metrics listener ('': as --host)")
-        self.add_internal_security()
-        self.add("--log-level", os.environ.get("MINISGL_LOG_LEVEL", "info"), "log level",
-                 choices=["debug", "info", "warning", "error"])
-        self.add("--drain-timeout", 30.0, "seconds to finish in-flight work on SIGTERM", float)
-
-    def add_internal_security(self) -> None:
-        """--internal-token-file / --internal-tls-dir (minisgl_core.security); their env fallbacks
-        are the same for every service, so one setting covers a whole deployment."""
-        self.parser.add_argument(
-            "--internal-token-file", default=os.environ.get("MINISGL_INTERNAL_TOKEN_FILE", ""),
-            metavar="PATH", help="file holding the shared token every internal RPC carries "
-            "(env MINISGL_INTERNAL_TOKEN_FILE; '': no token)")
-        self.parser.add_argument(
-            "--internal-tls-dir", default=os.environ.get("MINISGL_INTERNAL_TLS_DIR", ""),
-            metavar="DIR", help="mTLS between services: DIR holds ca.crt, tls.crt, tls.key "
-            "(env MINISGL_INTERNAL_TLS_DIR; '': plaintext)")
-
-    def parse(self, argv: list[str] | None = None) -> argparse.Namespace:
-        ns = self.parser.parse_args(argv)
-        set_compat(ns.metrics_compat)  # process-wide, like the metrics registry it extends
-        # setup_logging reads it from there, so each service's main needs no change for it.
-        core_logging.default_format = ns.log_format
-        return ns
+def parse_bool(value: str) -> bool:
+    """A boolean flag's environment variable: 1, true, yes or on (any case) are true."""
+    return value.strip().lower() in ("1", "true", "yes", "on")

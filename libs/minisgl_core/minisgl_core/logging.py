@@ -16,7 +16,7 @@ import time
 
 LOG_FORMATS = ("auto", "text", "json")
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
-# What `ServiceArgs.parse` read from --log-format; setup_logging uses it when given no format.
+# What `ServiceFlags.parse` read from --log-format; setup_logging uses it when given no format.
 default_format = "auto"
 
 

@@ -8,16 +8,14 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from dataclasses import fields
-from typing import Literal, get_args, get_origin, get_type_hints
 
-from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
+from minisgl_core.flags import ServiceFlags
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2_grpc
 from minisgl_core.security import from_args
 from minisgl_core.serving import ServiceHost
 from minisgl_core.startup import begin, report_failure
 
-from minisgl_scheduler.config import SchedulerConfig
+from minisgl_scheduler.config import FLAGS, SchedulerConfig
 from minisgl_scheduler.errors import WorkerFailed
 from minisgl_scheduler.metrics import SchedulerMetrics
 from minisgl_scheduler.pending import PendingScheduler
@@ -27,23 +25,9 @@ from minisgl_scheduler.worker_client import WorkerClient
 
 log = logging.getLogger("minisgl_scheduler")
 
-def build_parser() -> ServiceArgs:
-    args = ServiceArgs("scheduler", "minisgl scheduler: continuous batching over a worker")
-    args.add_common(DEFAULT_PORTS["scheduler"], DEFAULT_METRICS_PORTS["scheduler"])
-    args.add("--worker", f"127.0.0.1:{DEFAULT_PORTS['worker']}", "the worker's gRPC address")
-    args.add("--worker-timeout", 0.0, "seconds to wait for the worker at start-up, then exit 1 "
-             "(0: wait as long as it takes; health says NOT_SERVING meanwhile)", float)
-    args.add("--step-timeout", 600.0, "seconds a step may take before the worker counts as failed",
-             float)
-    defaults = SchedulerConfig()
-    hints = get_type_hints(SchedulerConfig)
-    for f in fields(SchedulerConfig):
-        kind = type(getattr(defaults, f.name))
-        literal = get_origin(hints[f.name]) is Literal
-        extra = {"choices": list(get_args(hints[f.name]))} if literal else {}
-        args.add("--" + f.name.replace("_", "-"), getattr(defaults, f.name), f.metadata["help"],
-                 kind, **extra)
-    return args
+
+def build_parser() -> ServiceFlags:
+    return FLAGS
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     begin("scheduler", ns.log_level)
     # Also the default of the worker client's channel: the token and certificate go with it.
     security = from_args(ns.internal_token_file, ns.internal_tls_dir)
-    config = SchedulerConfig(**{f.name: getattr(ns, f.name) for f in fields(SchedulerConfig)})
+    config = FLAGS.build(SchedulerConfig, ns)
     config.validate()
     metrics = SchedulerMetrics.get() if ns.metrics_port else None
     pending = PendingScheduler(ns.worker)

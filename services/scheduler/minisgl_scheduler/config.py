@@ -1,11 +1,18 @@
-"""Scheduler knobs. Every field is also a `python -m minisgl_scheduler` flag (see __main__)."""
+"""The scheduler's flags: its knobs (`SchedulerConfig`, which the in-process `LLM` takes too) and
+the service's own (`SchedulerServiceFlags`); `FLAGS` lists every section of
+`python -m minisgl_scheduler`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Literal
 
-from minisgl_core.config import DEFAULT_MAX_PREFILL_TOKENS
+from minisgl_core.config import (
+    DEFAULT_MAX_PREFILL_TOKENS,
+    DEFAULT_METRICS_PORTS,
+    DEFAULT_PORTS,
+)
+from minisgl_core.flags import ServerFlags, ServiceFlags, flag
 
 CacheKind = Literal["radix", "naive"]
 Policy = Literal["fcfs", "lpm"]
@@ -13,31 +20,31 @@ Policy = Literal["fcfs", "lpm"]
 
 @dataclass
 class SchedulerConfig:
-    """The `help` metadata of each field is its flag's --help text."""
+    """Each field is a flag; its `help` is the flag's --help text."""
 
-    max_running_requests: int = field(default=256, metadata={"help": (
+    max_running_requests: int = flag(256, (
         "requests holding a worker slot at once, prefilling or decoding (also capped by the "
-        "worker's max_slots)")})
-    max_queued_requests: int = field(default=4096, metadata={"help": (
-        "waiting requests; beyond this, submits are refused as OVERLOADED")})
-    max_prefill_tokens: int = field(default=DEFAULT_MAX_PREFILL_TOKENS, metadata={"help": (
-        "prompt tokens computed per step, summed over requests; longer prompts are chunked")})
-    cache: CacheKind = field(default="radix", metadata={"help": (
-        "prefix cache: radix (shared KV pages) or naive (none)")})
-    policy: Policy = field(default="fcfs", metadata={"help": (
+        "worker's max_slots)"))
+    max_queued_requests: int = flag(4096, (
+        "waiting requests; beyond this, submits are refused as OVERLOADED"))
+    max_prefill_tokens: int = flag(DEFAULT_MAX_PREFILL_TOKENS, (
+        "prompt tokens computed per step, summed over requests; longer prompts are chunked"))
+    cache: CacheKind = flag("radix", (
+        "prefix cache: radix (shared KV pages) or naive (none)"))
+    policy: Policy = flag("fcfs", (
         "admission order: fcfs (arrival), or lpm (longest cached prefix first: better hit rate "
-        "under load)")})
-    disable_overlap: bool = field(default=False, metadata={"help": (
-        "collect each step before planning the next (no overlap scheduling: simpler, slower)")})
+        "under load)"))
+    disable_overlap: bool = flag(False, (
+        "collect each step before planning the next (no overlap scheduling: simpler, slower)"))
     # Keeping a share free means new requests rarely force preemptions.
-    decode_reserve_ratio: float = field(default=0.25, metadata={"help": (
+    decode_reserve_ratio: float = flag(0.25, (
         "share of running requests' remaining max_tokens kept free in the KV pool on admission "
-        "(0: admit greedily and rely on preemption)")})
+        "(0: admit greedily and rely on preemption)"))
     # Matching every waiting prompt against the prefix cache costs CPU on a long queue.
-    lpm_max_queue: int = field(default=128, metadata={"help": (
-        "queue length beyond which lpm falls back to fcfs")})
-    default_max_tokens: int = field(default=16, metadata={"help": (
-        "max_tokens for requests that leave it 0 (the proto's server default)")})
+    lpm_max_queue: int = flag(128, (
+        "queue length beyond which lpm falls back to fcfs"))
+    default_max_tokens: int = flag(16, (
+        "max_tokens for requests that leave it 0 (the proto's server default)"))
 
     def validate(self) -> None:
         if self.max_running_requests < 1:
@@ -58,3 +65,20 @@ class SchedulerConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+@dataclass
+class SchedulerServiceFlags:
+    """The service's flags that the in-process scheduler has no use for."""
+
+    worker: str = flag(f"127.0.0.1:{DEFAULT_PORTS['worker']}", "the worker's gRPC address")
+    worker_timeout: float = flag(0.0, "seconds to wait for the worker at start-up, then exit 1 "
+                                 "(0: wait as long as it takes; health says NOT_SERVING meanwhile)")
+    step_timeout: float = flag(600.0, "seconds a step may take before the worker counts as failed")
+
+
+FLAGS = ServiceFlags(
+    "scheduler", "minisgl scheduler: continuous batching over a worker",
+    (ServerFlags, SchedulerServiceFlags, SchedulerConfig),
+    defaults={"port": DEFAULT_PORTS["scheduler"], "metrics_port": DEFAULT_METRICS_PORTS["scheduler"]},
+)

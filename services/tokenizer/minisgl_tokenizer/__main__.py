@@ -12,31 +12,20 @@ import logging
 import os
 import sys
 
-from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
 from minisgl_core.security import from_args
 from minisgl_core.serving import ServiceHost, message_limit
 from minisgl_core.startup import begin
 
-log = logging.getLogger(__name__)
+from minisgl_tokenizer.config import DESCRIPTIONS, service_flags
 
-DESCRIPTIONS = {
-    "tokenizer": "minisgl tokenizer service: text, token ids or chat messages (rendered with the "
-                 "model's chat template) to token ids, batched.",
-    "detokenizer": "minisgl detokenizer service: incremental detokenization with stop strings for "
-                   "many requests over one bidirectional stream.",
-}
+log = logging.getLogger(__name__)
 
 
 def _parse(service: str, argv: list[str] | None) -> argparse.Namespace:
-    args = ServiceArgs(service, DESCRIPTIONS[service])
-    args.add_common(DEFAULT_PORTS[service], DEFAULT_METRICS_PORTS[service])
-    args.add("--model", os.environ.get("MINISGL_MODEL_PATH"),
-             "model directory with tokenizer.json (env MINISGL_MODEL_PATH)")
-    args.add("--max-model-len", 0, "context window in tokens (0: from config.json)", int)
-    args.add("--max-workers", 64, "gRPC threads (each open Detokenize stream holds one)", int)
-    ns = args.parse(argv)
+    flags = service_flags(service)
+    ns = flags.parse(argv)
     if not ns.model:
-        args.parser.error("--model (or MINISGL_MODEL_PATH) is required")
+        flags.parser().error("--model (or MINISGL_MODEL_PATH) is required")
     return ns
 
 

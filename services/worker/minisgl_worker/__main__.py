@@ -1,7 +1,7 @@
 """`python -m minisgl_worker --model PATH`: the worker service (one GPU, or TP ranks on one host).
 
 Every flag also reads MINISGL_WORKER_<FLAG> from the environment (flags win). EngineConfig fields
-map 1:1 onto flags (`--page-size` -> page_size); a flag's help is its field's metadata["help"].
+map 1:1 onto flags (`--page-size` -> page_size; `--model` -> model_path), declared in config.py.
 With --tp-size N, rank 0 serves gRPC and spawns ranks 1..N-1; ranks started by hand (--tp-rank K
 --dist-init-method tcp://HOST:PORT) only follow.
 """
@@ -10,36 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from typing import Any
 
-from minisgl_core.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS, ServiceArgs
+from minisgl_core.flags import ServiceFlags
 from minisgl_core.startup import begin
 
-from .config import KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS, EngineConfig, field_help
+from .config import FLAGS, EngineConfig
 
 log = logging.getLogger("minisgl_worker")
 
-_CHOICES = {"load_format": list(LOAD_FORMATS), "kv_cache_dtype": ["auto", *KV_CACHE_DTYPES],
-            "quantization": list(QUANTIZATIONS)}
 
-
-def build_parser() -> ServiceArgs:
-    args = ServiceArgs("worker", "minisgl worker: runs the model on the scheduler's step plans")
-    args.add_common(DEFAULT_PORTS["worker"], DEFAULT_METRICS_PORTS["worker"])
-    for f in fields(EngineConfig):
-        flag = "--model" if f.name == "model_path" else "--" + f.name.replace("_", "-")
-        default: Any = None if f.default is MISSING else f.default
-        if f.name == "hf_overrides":
-            args.add(flag, "{}", field_help(f))
-            continue
-        kind: type = {"int": int, "float": float, "bool": bool}.get(
-            str(f.type).split(" |")[0], str)
-        extra: dict[str, Any] = {"choices": _CHOICES[f.name]} if f.name in _CHOICES else {}
-        if f.name == "model_path":
-            extra["dest"] = "model_path"
-        args.add(flag, default, field_help(f), kind, **extra)
-    return args
+def build_parser() -> ServiceFlags:
+    return FLAGS
 
 
 def config_from_args(ns: Any) -> EngineConfig:

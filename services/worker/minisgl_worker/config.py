@@ -1,12 +1,14 @@
-"""EngineConfig: everything the worker engine is started with (CLI flags map 1:1 onto fields)."""
+"""EngineConfig: everything the worker engine is started with. Each field is a flag of
+`python -m minisgl_worker` (`FLAGS`: the service's sections), declared with minisgl_core.flags."""
 
 from __future__ import annotations
 
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from minisgl_core.config import DEFAULT_MAX_PREFILL_TOKENS
+from minisgl_core.config import DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_METRICS_PORTS, DEFAULT_PORTS
+from minisgl_core.flags import ServerFlags, ServiceFlags, flag
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "half": torch.float16, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -26,86 +28,79 @@ def kv_saturation(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max) if dtype.itemsize == 1 else 0.0
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
-def field_help(f: Field[Any]) -> str:
-    """A config field's help text (its `metadata["help"]`): the worker's CLI flags read it."""
-    return str(f.metadata.get("help", ""))
-
-
 @dataclass
 class EngineConfig:
-    model_path: str = field(metadata=_help("HF model directory (config.json + *.safetensors)"))
-    load_format: str = field(default="auto", metadata=_help(
+    model_path: str = flag(help="HF model directory (config.json + *.safetensors)", option="--model")
+    load_format: str = flag("auto", choices=LOAD_FORMATS, help=(
         "safetensors, or dummy: random weights from config.json (benchmarks)"))
-    dtype: str = field(default="auto", metadata=_help(
+    dtype: str = flag("auto", (
         "auto (float32 on CPU, bfloat16 on GPU), float16, bfloat16 or float32"))
-    kv_cache_dtype: str = field(default="auto", metadata=_help(
+    kv_cache_dtype: str = flag("auto", choices=("auto", *KV_CACHE_DTYPES), help=(
         "KV cache elements: auto (as --dtype), fp8_e4m3 or fp8_e5m2 (half the bytes, lossy; see "
         "docs/operations.md)"))
-    quantization: str = field(default="none", metadata=_help(  # fp8.py, quantize.py
+    quantization: str = flag("none", choices=QUANTIZATIONS, help=(  # fp8.py, quantize.py
         "none, or fp8: projections and MoE experts stored as fp8 e4m3 with a scale per row, "
         "made at start-up (half the weight bytes, lossy; see docs/operations.md)"))
-    device: str = field(default="auto", metadata=_help("auto, cpu, cuda or cuda:N"))
+    device: str = flag("auto", "auto, cpu, cuda or cuda:N")
     # None: 64 on a GPU (the Triton decode kernel then reads a whole page per 64-token block:
     # +5 % offline throughput with an fp8 cache, docs/benchmarks/log/2026-11-23-07.md), 16 on CPU
-    page_size: int | None = field(default=None, metadata=_help(
+    page_size: int | None = flag(None, (
         "tokens per KV page (default: 64 on a GPU, 16 on CPU)"))
-    num_pages: int | None = field(default=None, metadata=_help(
+    num_pages: int | None = flag(None, (
         "KV pages (default: GPU free memory x mem-fraction; CPU: kv-cache-tokens)"))
-    kv_cache_tokens: int = field(default=16384, metadata=_help(
+    kv_cache_tokens: int = flag(16384, (
         "KV cache size in tokens on CPU when --num-pages is not given"))
-    mem_fraction: float = field(default=0.85, metadata=_help(
+    mem_fraction: float = flag(0.85, (
         "share of GPU memory for weights + KV cache"))
-    max_slots: int = field(default=256, metadata=_help(
+    max_slots: int = flag(256, (
         "requests the worker can hold at once (page-table rows)"))
-    max_model_len: int | None = field(default=None, metadata=_help(
+    max_model_len: int | None = flag(None, (
         "context length (default: config.json max_position_embeddings)"))
-    attention_backend: str = field(default="auto", metadata=_help(
+    attention_backend: str = flag("auto", (
         "auto, torch, triton, flashinfer, fa3 or trtllm"))
-    prefill_attention_backend: str | None = field(default=None, metadata=_help(
+    prefill_attention_backend: str | None = flag(None, (
         "backend for steps with prefill (hybrid mode)"))
-    decode_attention_backend: str | None = field(default=None, metadata=_help(
+    decode_attention_backend: str | None = flag(None, (
         "backend for decode-only steps (hybrid mode)"))
-    cuda_graph_max_bs: int = field(default=256, metadata=_help(
+    cuda_graph_max_bs: int = flag(256, (
         "largest decode batch captured in a CUDA graph"))
-    disable_cuda_graph: bool = field(default=False, metadata=_help(
+    disable_cuda_graph: bool = flag(False, (
         "run every step eagerly (no decode graphs, no piecewise graphs)"))
-    piecewise_max_tokens: int = field(default=2048, metadata=_help(
+    piecewise_max_tokens: int = flag(2048, (
         "CUDA graphs for prefill and mixed steps of up to this many tokens, captured in pieces "
         "between the attention calls (longer steps run eagerly; 0: all of them)"))
-    disable_custom_all_reduce: bool = field(default=False, metadata=_help(
+    disable_custom_all_reduce: bool = flag(False, (
         "TP: every all-reduce through NCCL, not the one-shot CUDA IPC kernel used for messages "
         "up to --custom-all-reduce-max-mb (512 KiB past 2 GPUs) when all GPUs have peer access"))
-    custom_all_reduce_max_mb: int = field(default=8, metadata=_help(
+    custom_all_reduce_max_mb: int = flag(8, (
         "TP: the largest message (MiB) the custom all-reduce takes; larger ones (prefill "
         "chunks) go through NCCL. Each GPU holds 2 x tp_size x this in IPC buffers"))
-    max_prefill_tokens: int | None = field(default=None, metadata=_help(
+    max_prefill_tokens: int | None = flag(None, (
         "TP: the scheduler's --max-prefill-tokens (default 8,192): sizes the two-shot "
         "all-reduce for steps of that many prompt tokens + max_slots (see "
         "--two-shot-max-tokens); give both services the same value"))
-    two_shot_max_tokens: int | None = field(default=None, metadata=_help(
+    two_shot_max_tokens: int | None = flag(None, (
         "TP: steps of up to this many tokens (default: --max-prefill-tokens + max_slots) sum "
         "their row-parallel outputs past --custom-all-reduce-max-mb with a two-shot CUDA IPC "
         "kernel fused with the residual add and RMSNorm instead of NCCL; 0: NCCL. Each GPU "
         "holds (tp_size - 1) x tokens x hidden size x 2 bytes (bf16) in an IPC buffer"))
-    disable_sharded_sampling: bool = field(default=False, metadata=_help(
+    disable_sharded_sampling: bool = flag(False, (
         "TP: gather the full vocabulary's logits on every rank for every draw, instead of "
         "drawing greedy and temperature-only batches from each rank's shard and exchanging one "
         "(score, token) pair per row"))
-    tp_size: int = field(default=1, metadata=_help("tensor-parallel ranks (one GPU each)"))
-    tp_rank: int = field(default=0, metadata=_help(
+    tp_size: int = flag(1, "tensor-parallel ranks (one GPU each)")
+    tp_rank: int = flag(0, (
         "this process's rank (ranks > 0 need --dist-init-method)"))
     # None: rank 0 spawns the other ranks on this host
-    dist_init_method: str | None = field(default=None, metadata=_help(
+    dist_init_method: str | None = flag(None, (
         "torch.distributed rendezvous, e.g. tcp://10.0.0.1:29500"))
-    dummy_seed: int = field(default=0, metadata=_help("seed of the dummy weights"))
-    sampler_seed: int | None = field(default=None, metadata=_help(
+    dummy_seed: int = flag(0, "seed of the dummy weights")
+    sampler_seed: int | None = flag(None, (
         "seed for requests without one (default: random)"))
-    hf_overrides: dict[str, Any] = field(default_factory=dict, metadata=_help(
-        "JSON object merged into config.json, e.g. '{\"num_hidden_layers\": 2}'"))
+    # The flag is a JSON string; config_from_args (__main__) parses it.
+    hf_overrides: dict[str, Any] = flag(
+        default_factory=dict, help="JSON object merged into config.json, e.g. "
+        "'{\"num_hidden_layers\": 2}'", kind=str, parser_default="{}")
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -171,3 +166,10 @@ class EngineConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+FLAGS = ServiceFlags(
+    "worker", "minisgl worker: runs the model on the scheduler's step plans",
+    (ServerFlags, EngineConfig),
+    defaults={"port": DEFAULT_PORTS["worker"], "metrics_port": DEFAULT_METRICS_PORTS["worker"]},
+)
