@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,6 +64,7 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
     params = dict(model.named_parameters())
     loaded: dict[str, set[object]] = {}  # parameter -> shard ids filled
     unmatched: list[str] = []
+    beyond: set[int] = set()  # layers past num_hidden_layers (MTP heads, a truncated config)
     for path in progress(files, total=len(files), desc="loading weights", unit="file"):
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
@@ -72,11 +74,18 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
                 pname, shard_id = target
                 param = params.get(pname)
                 if param is None:
-                    unmatched.append(name)
+                    layer = _layer_index(name)
+                    if layer is not None and layer >= model.cfg.num_layers:
+                        beyond.add(layer)
+                    else:
+                        unmatched.append(name)
                     continue
                 # weight_loader / num_shards: attributes layers/weights.py sets on each Parameter.
                 param.weight_loader(param, f.get_slice(name), shard_id)  # type: ignore[attr-defined]
                 loaded.setdefault(pname, set()).add(shard_id)
+    if beyond:
+        log.info("skipped checkpoint layers %s: the config has %d layers", sorted(beyond),
+                 model.cfg.num_layers)
     if unmatched:
         # Never serve weights that were not all loaded: an unknown tensor (a quantization scale,
         # a packed 4-bit weight, a layer this architecture lacks) means we would compute another
@@ -89,6 +98,14 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
     if missing:
         raise ValueError(f"checkpoint lacks tensors for {len(missing)} parameters, e.g. "
                          f"{missing[:5]}")
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _layer_index(name: str) -> int | None:
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else None
 
 
 def init_dummy(model: CausalLM, seed: int) -> None:
