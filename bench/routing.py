@@ -43,7 +43,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from minisgl.launcher import Stack, StackConfig, free_port
+from minisgl.launcher import Stack, StackConfig
+from minisgl_core.ports import free_port
 from minisgl_core.serving import wait_for_health
 
 from bench.common import jsonl

@@ -333,7 +333,8 @@ def _run_stack(args, levels: list[int], workload, record: dict, otel: str) -> li
         record = {**record, "otel": otel}
         import shlex
 
-        from minisgl.launcher import Stack, StackConfig, free_port
+        from minisgl.launcher import Stack, StackConfig
+        from minisgl_core.ports import free_port
 
         worker_args = ["--load-format", args.load_format, *shlex.split(args.worker_args)]
         tls_dir = ""

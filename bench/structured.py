@@ -172,7 +172,8 @@ def main() -> int:
 
     import shlex
 
-    from minisgl.launcher import Stack, StackConfig, free_port
+    from minisgl.launcher import Stack, StackConfig
+    from minisgl_core.ports import free_port
 
     model_dir = make_model_dir(args.model_config, Path(tempfile.mkdtemp()) / "model")
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])

@@ -30,7 +30,8 @@ def tiny_model_path() -> Path:
 @pytest.fixture(scope="session")
 def stack(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """gateway, tokenizer, detokenizer, scheduler and worker as real processes, started once."""
-    from minisgl.launcher import Stack, StackConfig, free_port
+    from minisgl.launcher import Stack, StackConfig
+    from minisgl_core.ports import free_port
 
     config = StackConfig(
         model_path=str(tiny_model_path),

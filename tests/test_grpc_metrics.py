@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from minisgl.launcher import free_port
+from minisgl_core.ports import free_port
 from minisgl_core.security import InternalSecurity
 from minisgl_core.serving import ServiceHost
 

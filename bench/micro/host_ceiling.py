@@ -81,7 +81,8 @@ def main() -> int:
         serve_null_worker(args)
         return 0
 
-    from minisgl.launcher import Stack, StackConfig, free_port
+    from minisgl.launcher import Stack, StackConfig
+    from minisgl_core.ports import free_port
 
     from bench.common.certs import make_certs
     from bench.serving import build_workload, run_load

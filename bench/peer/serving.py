@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_server(args: argparse.Namespace, site: Path) -> Server:
     if not args.port:
-        from minisgl.launcher import free_port
+        from minisgl_core.ports import free_port
 
         args.port = free_port()
     return Server.for_site(site, engine_kwargs(args, args.max_model_len), args.port,

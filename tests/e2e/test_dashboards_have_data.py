@@ -22,7 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from minisgl.launcher import Stack, StackConfig, free_port
+from minisgl.launcher import Stack, StackConfig
+from minisgl_core.ports import free_port
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,8 @@ import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from minisgl.launcher import Stack, StackConfig, free_port
+from minisgl.launcher import Stack, StackConfig
+from minisgl_core.ports import free_port
 from minisgl_core.security import TLS_DIR_ENV, TLS_TARGET_NAME, TOKEN_HEADER, InternalSecurity
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from minisgl.launcher import free_port
+from minisgl_core.ports import free_port
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,9 @@ import grpc
 import httpx
 import openai
 import pytest
-from minisgl.launcher import Stack, StackConfig, free_port
+from minisgl.launcher import Stack, StackConfig
 from minisgl_core.otlp_sink import OtlpSink, ReceivedSpan
+from minisgl_core.ports import free_port
 from minisgl_core.proto.minisgl.v1 import generation_pb2, generation_pb2_grpc
 
 pytestmark = pytest.mark.e2e

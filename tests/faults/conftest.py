@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from minisgl.launcher import Stack, StackConfig, free_port
+from minisgl.launcher import Stack, StackConfig
+from minisgl_core.ports import free_port
 
 from .chaos import Chaos
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2
-from minisgl.launcher import Stack, StackConfig, free_port
+from minisgl.launcher import Stack, StackConfig
+from minisgl_core.ports import free_port
 
 from tests.gateway.live_stack import ready_status, wait_for
 

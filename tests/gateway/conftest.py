@@ -20,17 +20,12 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from minisgl_core.ports import free_port
 from minisgl_core.serving import wait_for_health
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

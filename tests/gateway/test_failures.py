@@ -21,7 +21,8 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from minisgl.launcher import Stack, StackConfig, free_port
+from minisgl.launcher import Stack, StackConfig
+from minisgl_core.ports import free_port
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     generation_pb2,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from minisgl.launcher import Stack, free_port
+from minisgl.launcher import Stack
+from minisgl_core.ports import free_port
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2, scheduler_pb2_grpc
 from minisgl_core.serving import wait_for_health
 from prometheus_client.parser import text_string_to_metric_families

@@ -19,7 +19,8 @@ from pathlib import Path
 import grpc
 import openai
 import pytest
-from minisgl.launcher import Stack, StackConfig, free_port
+from minisgl.launcher import Stack, StackConfig
+from minisgl_core.ports import free_port
 from minisgl_core.prefix_hash import page_hashes
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2, scheduler_pb2_grpc
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -66,10 +65,6 @@ def assert_all_pages_back(sched: Scheduler) -> None:
     assert sched.kv.free_pages == st.total_pages
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Conn:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from minisgl_core.ports import free_port
 from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.serving import ServiceHost, channel, wait_for_health
@@ -21,7 +22,7 @@ from minisgl_scheduler import Scheduler, SchedulerConfig
 from minisgl_scheduler.server import SchedulerService
 from minisgl_scheduler.worker_client import WorkerClient
 
-from .helpers import Conn, free_port
+from .helpers import Conn
 
 TINY = Path(__file__).resolve().parents[2] / "models" / "tiny"
 

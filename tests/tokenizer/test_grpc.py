@@ -7,7 +7,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from minisgl_core.config import env_name
+from minisgl_core.ports import free_port
 from minisgl_core.proto.minisgl.v1 import (
     common_pb2,
     detokenizer_pb2,
@@ -168,10 +168,6 @@ def _spawn(service: str, model_dir: Path, port: int, metrics_port: int,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_real_processes_env_metrics_and_sigterm(llama_dir: Path) -> None:

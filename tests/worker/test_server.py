@@ -174,7 +174,7 @@ def test_client_plans_cross_the_wire_as_columns(served: tuple[Engine, str],
 
 
 def test_worker_process(tiny_model, tmp_path) -> None:  # noqa: ANN001
-    from minisgl.launcher import free_port
+    from minisgl_core.ports import free_port
 
     port = free_port()
     env = dict(os.environ, MINISGL_WORKER_PORT=str(port), MINISGL_WORKER_MAX_SLOTS="3")

@@ -17,7 +17,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,28 +28,13 @@ from typing import IO, Any
 
 from minisgl_core.config import DEFAULT_PORTS, env_default
 from minisgl_core.logging import log_fields
+from minisgl_core.ports import free_port
 from minisgl_core.security import TLS_DIR_ENV, TOKEN_FILE_ENV, InternalSecurity
 from minisgl_core.serving import wait_for_health
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-_PORTS_GIVEN: set[int] = set()
-
-
-def free_port() -> int:
-    """A port nothing listens on now and that this process has not handed out before: two
-    services of one stack must never share one (gRPC servers bind with SO_REUSEPORT, so both
-    would start and split the connections between them)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        if port not in _PORTS_GIVEN:
-            _PORTS_GIVEN.add(port)
-            return port
-
-
 def _die_with_parent() -> None:
     # Not Linux: no prctl; the launcher's own signal handling still stops the children.
     with contextlib.suppress(OSError):

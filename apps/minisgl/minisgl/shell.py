@@ -117,7 +117,9 @@ class Shell:
 
 def _start_local(model: str) -> Any:
     try:
-        from minisgl.launcher import free_port, start_stack
+        from minisgl_core.ports import free_port
+
+        from minisgl.launcher import start_stack
     except ImportError as exc:  # pragma: no cover - the launcher ships with this package
         raise SystemExit(f"cannot start a local stack ({exc}); pass --target HOST:PORT") from None
     log_dir = Path(tempfile.mkdtemp(prefix="minisgl-shell-"))

@@ -8,7 +8,6 @@ from .process_group import (
     all_reduce,
     broadcast_object,
     destroy_tp,
-    free_port,
     init_tp,
     shard,
     tp,
@@ -16,4 +15,4 @@ from .process_group import (
 )
 
 __all__ = ["TPState", "all_gather_last", "all_gather_stack", "all_reduce", "broadcast_object",
-           "destroy_tp", "free_port", "init_tp", "shard", "tp", "use_fast_all_reduce"]
+           "destroy_tp", "init_tp", "shard", "tp", "use_fast_all_reduce"]

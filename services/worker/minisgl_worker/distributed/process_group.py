@@ -10,7 +10,6 @@ With tp_size == 1 every collective is a no-op and torch.distributed is never ini
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -50,12 +49,6 @@ _TP = TPState()
 
 def tp() -> TPState:
     return _TP
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def init_tp(rank: int, size: int, init_method: str, device: torch.device,

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, replace
 
 import torch
+from minisgl_core.ports import free_port
 
 from ..config import EngineConfig
 from . import process_group as dist
@@ -37,7 +38,7 @@ class TPGroup:
         init = config.dist_init_method
         procs: list[subprocess.Popen] = []
         if init is None:
-            init = f"tcp://127.0.0.1:{dist.free_port()}"
+            init = f"tcp://127.0.0.1:{free_port()}"
             # All ranks on this host: bootstrap gloo and NCCL over loopback. Left to themselves
             # they use the hostname's interface, which in a sandbox may not route at all. Set
             # for the spawned ranks (they inherit the environment) and for this one.
