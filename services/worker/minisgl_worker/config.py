@@ -42,8 +42,8 @@ class EngineConfig:
         "none, or fp8: projections and MoE experts stored as fp8 e4m3 with a scale per row, "
         "made at start-up (half the weight bytes, lossy; see docs/operations.md)"))
     device: str = flag("auto", "auto, cpu, cuda or cuda:N")
-    # None: 64 on a GPU (the Triton decode kernel then reads a whole page per 64-token block:
-    # +5 % offline throughput with an fp8 cache, docs/benchmarks/log/2026-11-23-07.md), 16 on CPU
+    # None: 64 on a GPU (the Triton decode kernel then reads a whole page per 64-token block,
+    # faster with an fp8 cache: docs/benchmarks/log/2026-11-23-07.md), 16 on CPU
     page_size: int | None = flag(None, (
         "tokens per KV page (default: 64 on a GPU, 16 on CPU)"))
     num_pages: int | None = flag(None, (

@@ -107,7 +107,7 @@ class FlashInferBackend(AttentionBackend):
         group = c.num_qo_heads // c.num_kv_heads
         tc = self.decode_tensor_cores
         # Tensor cores win for GQA groups >= 4, and for any group over an fp8 cache (whose
-        # CUDA-core kernel is compute-bound: 321 vs 304 us a layer on an H100, Qwen3-0.6B, B=256).
+        # CUDA-core kernel is compute-bound; docs/benchmarks/log/2026-11-23-04.md).
         fp8 = c.cache_dtype in FP8_KV_DTYPES
         self._tensor_cores = (group >= 4 or fp8) if tc is None else tc
         self._prefill = fi.BatchPrefillWithPagedKVCacheWrapper(

@@ -59,9 +59,8 @@ log = logging.getLogger(__name__)
 MAX_PROGRAMS = 128  # capped at the SM count (`create`): every program resident
 BLOCK = 1024  # elements a program moves per iteration (8 per thread at 4 warps: 16 B for bf16)
 # Larger messages go to NCCL. On 2 H200s (bench/micro/all_reduce.py, per op inside a CUDA graph)
-# push took 4.0 / 6.2 / 12.2 / 36.9 us at 8 KiB / 512 KiB / 2 MiB / 8 MiB against NCCL's 15.7 /
-# 19.0 / 37.9 / 56.5. (A pull variant, each rank loading the others' buffers over NVLink, took
-# 4.4 / 7.5 / 14.8 / 43.6 and was dropped: docs/benchmarks/log/2026-11-26-tp.md.)
+# the push beats NCCL up to 8 MiB; a pull variant (each rank loading the others' buffers over
+# NVLink) was slower and dropped (docs/benchmarks/log/2026-11-26-tp.md).
 DEFAULT_MAX_BYTES = 8 << 20
 # One-shot reads world x the message on each rank: past 2 ranks keep it to small messages.
 MAX_BYTES_PAST_TWO = 512 << 10

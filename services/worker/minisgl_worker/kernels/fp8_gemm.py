@@ -21,9 +21,9 @@ from . import pdl
 from .pdl import begin as _pdl_begin
 
 # (max rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, ACC_MODE), from a sweep on an
-# H100 (tests/gpu/test_fp8.py --sweep, Qwen3-8B shapes; the four projections of a layer):
-# 16 rows 84 µs against torch._scaled_mm's 118, 64 rows 88 against 108. At 128 rows the two
-# tie (105 / 106) and at 256 _scaled_mm wins (114 against 136), so larger batches go there.
+# H100 (tests/gpu/test_fp8.py --sweep, Qwen3-8B shapes; the four projections of a layer): these
+# beat torch._scaled_mm up to 64 rows; from 128 rows it ties or wins, so larger batches go there
+# (docs/benchmarks/log/2026-11-23-07.md).
 CONFIGS: list[tuple[int, int, int, int, int, int, int]] = [
     (16, 16, 32, 256, 4, 4, 0),
     (64, 64, 32, 256, 4, 4, 0),

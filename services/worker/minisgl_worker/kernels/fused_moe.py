@@ -63,22 +63,18 @@ def choose_config(num_tokens: int, fp8: bool = False) -> MoeConfig:
     re-tunes it. fp8 experts move half the bytes a tile, so some batches take other tiles
     (`--fp8 --sweep` on an H200).
     """
-    # fp8, H200, CUDA-graph time of the op: 256 tokens 0.224 ms against 0.264 with the bf16
-    # tiles (BLOCK_M 32), 4,096 tokens 0.739 against 0.983. Offline A/B on one H200: BLOCK_M 16
-    # at 129-256 tokens 7,127 tok/s against 7,000 / 7,012 with 32 (an expert sees ~16 rows
-    # there); also 16 at 33-128 tokens: 7,044; a 128x128 down tile: 6,918 against 7,080.
+    # fp8 experts move half the bytes a tile: at 129-256 tokens an expert sees ~16 rows, so
+    # BLOCK_M 16; past 1,024 tokens wider tiles. Both beat the bf16 tiles on an H200, in the op's
+    # CUDA-graph time and offline (docs/benchmarks/log/2026-11-23-08.md).
     if fp8 and 128 < num_tokens <= 256:
         return MoeConfig(16, GemmTile(64, 128, 4, 3), GemmTile(256, 64, 8, 3))
     if fp8 and num_tokens > 1024:
         return MoeConfig(64, GemmTile(128, 64, 8, 4), GemmTile(128, 128, 8, 3))
-    # bf16, H200 sweep (eager, L2 flushed, docs/benchmarks/log/2026-11-26-splits.md): a 256-wide
-    # down tile at 8/16/32 tokens 0.1449/0.2439/0.3051 ms against 0.1501/0.2530/0.3154 with
-    # 64x128; gate_up 128x128 at 256 tokens 0.3289 against 0.3372 ms with 128x64.
-    # Up to 32 tokens bf16 gate_up runs transposed (swap_ab: wgmma instead of mma.sync for
-    # 16-row tiles): CUDA-graph time of the op 161.5 -> 154.5 us at 8 tokens, 235.0 -> 224.2 at
-    # 16, 287.5 -> 280.2 at 32 (H200); from 64 tokens on no swapped tile gained over 0.7 %. fp8
-    # experts gained 4-5 % too, but their kernel error against the fp8 formula doubled (2.6e-3
-    # -> 5.3e-3: wgmma's fp8 accumulator is narrower), so they keep mma.sync.
+    # bf16 tiles from an H200 sweep (docs/benchmarks/log/2026-11-26-splits.md): a 256-wide down
+    # tile for small batches, gate_up 128x128 at 256 tokens. Up to 32 tokens bf16 gate_up runs
+    # transposed (swap_ab: wgmma instead of mma.sync for 16-row tiles), faster at 8-32 tokens and
+    # not from 64 on (2026-11-26-moe-pdl.md). fp8 experts would gain as much, but wgmma's narrower
+    # fp8 accumulator doubles their error against the fp8 formula, so they keep mma.sync.
     if num_tokens <= 32:
         swapped = not fp8
         return MoeConfig(16, GemmTile(64 if swapped else 32, 128, 4, 4, swap_ab=swapped),

@@ -30,11 +30,8 @@ _LOG2E = 1.4426950408889634
 # fp32 partials, no merge launch) from 512 programs on. Fitted on an H100 with the programs
 # started longest request first (bench.micro.decode_splits --order longest, contexts
 # 100-2,048, docs/benchmarks/log/2026-11-27-longest-first.md), bf16 and fp8 caches alike:
-# one split beat two at 512-2,048 programs (8 KV heads, batch 64: 99.4 against 99.9 us; fp8
-# batch 128: 116.7 against 125.7; 4 KV heads, batch 128: 105.8 against 107.8, fp8 64.3 against
-# 71.6), two beat one at 256 (4 KV heads, batch 64: 55.3 against 60.1, fp8 38.2 against 50.9).
-# (Started in batch order, long requests starting last set the kernel's end and splitting
-# paid off sooner: 1,024 programs, and two splits for an fp8 cache below a batch of 256.)
+# one split beat two at 512-2,048 programs, two beat one at 256. (Started in batch order, long
+# requests starting last set the kernel's end and splitting paid off sooner.)
 _TARGET_PROGRAMS = 512
 _MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32

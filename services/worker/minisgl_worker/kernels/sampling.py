@@ -44,7 +44,7 @@ def _row_key(seed, position):
 # Arguments that change with the batch size are not specialised (`do_not_specialize`): Triton
 # compiles a variant per value class of an int argument (1, a multiple of 16, other), and the
 # first step of a batch size class the warm-up had not met stalled the host while it compiled
-# (TP=2 offline on an H100: 5 compiles, 293 ms, in the timed run). The chunk loops read whole
+# (docs/benchmarks/log/2026-11-26-compiles.md). The chunk loops read whole
 # blocks either way; only tiny scalar index maths lose the hint.
 @triton.jit(do_not_specialize=["num_chunks"])
 def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, temps_ptr, tok_hash_ptr, part_val_ptr,

@@ -43,8 +43,8 @@ class SelfAttention(nn.Module):
         q = q.reshape(t, self.num_heads, d)
         k = k.reshape(t, self.num_kv_heads, d)
         v = v.reshape(t, self.num_kv_heads, d)
-        # On CUDA q/k norm, rotary and the KV store are one kernel (four or five small ones
-        # otherwise: ~2 ms of a 7 ms Qwen3-0.6B decode step at batch 256). It writes where the
+        # On CUDA q/k norm, rotary and the KV store are one kernel (four or five small launches
+        # a layer otherwise, a large share of a small model's decode step). It writes where the
         # backend's own store would (store_loc: the static buffer under CUDA graphs).
         loc = attn.store_loc() if fused_ops.usable(q) else None
         if loc is not None:
