@@ -189,7 +189,9 @@ def make_sampler(config: EngineConfig, mc: ModelConfig, device: torch.device) ->
         seed = dist.broadcast_object(seed if seed is not None else
                                      int(torch.randint(0, 2**62, (1,))))
     sampler = Sampler(config.max_slots, mc.vocab_size, device, eos_token_ids=mc.eos_token_ids,
-                      seed=seed, tokenizer_path=find_tokenizer(config.model_path))
+                      seed=seed, tokenizer_path=find_tokenizer(config.model_path),
+                      grammar_cache_bytes=config.grammar_cache_mib << 20,
+                      grammar_compile_timeout=config.grammar_compile_timeout)
     sampler.grammars.compiler.warm()
     return sampler
 
