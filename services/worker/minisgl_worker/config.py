@@ -97,6 +97,12 @@ class EngineConfig:
     dummy_seed: int = flag(0, "seed of the dummy weights")
     sampler_seed: int | None = flag(None, (
         "seed for requests without one (default: random)"))
+    grammar_cache_mib: int = flag(256, (
+        "host memory for compiled grammars (structured outputs), estimated; least recently used "
+        "are dropped past it"))
+    grammar_compile_timeout: float = flag(0.2, (
+        "seconds from a grammar request's admission to its first mask; past it the request ends "
+        "(EOS) rather than hold the batch (TP 1; at TP > 1 ranks wait for the bounded compile)"))
     # The flag is a JSON string; config_from_args (__main__) parses it.
     hf_overrides: dict[str, Any] = flag(
         default_factory=dict, help="JSON object merged into config.json, e.g. "

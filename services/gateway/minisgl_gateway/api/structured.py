@@ -2,6 +2,11 @@
 the problem) before anything runs upstream. The worker compiles the same grammar against the
 vocabulary (llguidance, both sides; the gateway needs no torch and no tokenizer to validate).
 
+Validation is a bounded compile (minisgl_core.grammar_limits): the grammar is built against a
+byte-level vocabulary under the worker's parser limits and its first masks computed, so a tiny but
+ruinous grammar (nested counted repetition) is a 400 here in tens of milliseconds and never reaches
+the worker, where compiling it would cost most of a second and ~150 MB.
+
 Sources, at most one per request:
   response_format   {"type": "json_object"} | {"type": "json_schema", "json_schema": {"schema"}}
   extra_body        structured_outputs {json | regex | grammar | choice} (vLLM), guided_json,
@@ -14,11 +19,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
+from minisgl_core.grammar_limits import parser_limits, probe
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
 from minisgl_gateway.errors import invalid
+
+if TYPE_CHECKING:
+    import llguidance
 
 # Compact JSON (no free whitespace): weak models cannot loop on blanks inside a structure.
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -39,17 +49,45 @@ def grammar_text(g: common_pb2.Grammar) -> str:
     return llguidance.LLMatcher.grammar_from_lark(g.lark)
 
 
+class _ByteVocab:
+    """A vocabulary of the 256 bytes and an EOS: what llguidance needs to build a matcher."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([b]) for b in range(256)] + [b"</s>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+@cache
+def _byte_tokenizer() -> llguidance.LLTokenizer:
+    import llguidance
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocab()))
+
+
 def validate(g: common_pb2.Grammar, param: str) -> None:
-    """Raises a 400 that quotes the compiler's message."""
+    """Raises a 400 that quotes the compiler's message, or says the grammar is past the bounds
+    of a compile (minisgl_core.grammar_limits)."""
     import llguidance
 
     try:
-        message = llguidance.LLMatcher.validate_grammar(grammar_text(g))
+        text = grammar_text(g)
+        message = llguidance.LLMatcher.validate_grammar(text)
     except ValueError as exc:
         message = str(exc)
     if message and not message.startswith("WARNING"):
         first = message.strip().splitlines()[0]
         raise invalid(f"invalid {param}: {first}", param=param)
+    # Runs on the event loop: the limits keep it short even for the grammars it refuses.
+    error = probe(llguidance.LLMatcher(_byte_tokenizer(), text, log_level=0,
+                                       limits=parser_limits()))
+    if error:
+        first = error.strip().splitlines()[0]
+        raise invalid(f"invalid {param}: grammar too complex to compile within bounds ({first})",
+                      param=param)
 
 
 def _schema_text(schema: Any, param: str) -> str:

@@ -23,6 +23,7 @@ Each takes what it needs as arguments, so a test can run one alone.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -189,7 +190,13 @@ def make_sampler(config: EngineConfig, mc: ModelConfig, device: torch.device) ->
         seed = dist.broadcast_object(seed if seed is not None else
                                      int(torch.randint(0, 2**62, (1,))))
     sampler = Sampler(config.max_slots, mc.vocab_size, device, eos_token_ids=mc.eos_token_ids,
-                      seed=seed, tokenizer_path=find_tokenizer(config.model_path))
+                      seed=seed, tokenizer_path=find_tokenizer(config.model_path),
+                      grammar_cache_bytes=config.grammar_cache_mib << 20,
+                      # Ranks must mask alike: a deadline met on one rank and missed on
+                      # another would split their draws, so at TP > 1 only the compile's
+                      # bounds (identical on every rank) end a request.
+                      grammar_compile_timeout=(config.grammar_compile_timeout
+                                               if config.tp_size == 1 else math.inf))
     sampler.grammars.compiler.warm()
     return sampler
 

@@ -36,7 +36,7 @@ import torch
 from minisgl_core.sampling import SamplingParams
 
 from . import ops
-from .grammar import GrammarCompiler, SlotGrammars
+from .grammar import DEFAULT_CACHE_BYTES, DEFAULT_COMPILE_TIMEOUT, GrammarCompiler, SlotGrammars
 from .logit_bias import SlotBiases
 from .params import ParamRow
 from .penalties import NO_PROMPT_END, SlotPenalties
@@ -56,10 +56,14 @@ class SampleOutput:
 class Sampler:
     def __init__(self, max_slots: int, vocab_size: int, device: torch.device,
                  eos_token_ids: Sequence[int] = (), seed: int | None = None,
-                 use_triton: bool | None = None, tokenizer_path: str | None = None) -> None:
+                 use_triton: bool | None = None, tokenizer_path: str | None = None,
+                 grammar_cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 grammar_compile_timeout: float = DEFAULT_COMPILE_TIMEOUT) -> None:
         """`use_triton`: draw with the fused Triton kernel (default: on CUDA devices; True on CPU
         needs TRITON_INTERPRET=1, for tests); torch ops otherwise. `tokenizer_path`: the model's
-        tokenizer.json, which grammars (structured outputs) are compiled against."""
+        tokenizer.json, which grammars (structured outputs) are compiled against; compiled
+        grammars are cached up to `grammar_cache_bytes` (estimated), and a request whose grammar
+        is not compiled `grammar_compile_timeout` s after its `set_slot` ends (grammar.py)."""
         self.max_slots, self.vocab_size, self.device = max_slots, vocab_size, torch.device(device)
         self.use_triton = self.device.type == "cuda" if use_triton is None else use_triton
         self.eos_token_ids = [int(t) for t in eos_token_ids]
@@ -76,7 +80,8 @@ class Sampler:
         self._tok_hash: torch.Tensor | None = None
         # Grammar masks and logit biases: rows that use them leave the fused path (grammar.py).
         self.grammars = SlotGrammars(max_slots, vocab_size, self.device, GrammarCompiler(
-            tokenizer_path, vocab_size, self.eos_token_ids))
+            tokenizer_path, vocab_size, self.eos_token_ids, grammar_cache_bytes),
+            grammar_compile_timeout)
         self.biases = SlotBiases(max_slots, self.device)
 
     # -- per-request state (host side, cheap) ----------------------------------------------------
