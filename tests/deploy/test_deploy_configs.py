@@ -209,6 +209,49 @@ def test_mtls_turns_grpc_probes_into_exec_probes() -> None:
                         "python", "-m", "minisgl_core.healthcheck", "grpc"]
 
 
+INTERNAL_CONTAINERS = ("tokenizer", "detokenizer", "scheduler", "worker")
+
+
+def _internal_envs(docs: list[dict]) -> list[dict[str, str | None]]:
+    return [{e["name"]: e.get("value") for e in container.get("env", [])}
+            for spec in pod_templates(docs).values() for container in spec["containers"]
+            if container["name"] in INTERNAL_CONTAINERS]
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_internal_services_start_with_a_token(values_file: str | None) -> None:
+    """An internal service on the pod network without a token or mTLS refuses to start
+    (--insecure aside): every values file gives each one the token, and none --insecure."""
+    envs = _internal_envs(docs_of(values_of(values_file)))
+    assert len(envs) >= len(INTERNAL_CONTAINERS)
+    for env in envs:
+        assert env.get("MINISGL_INTERNAL_TOKEN_FILE"), env
+        assert not [k for k in env if k.endswith("_INSECURE")], env
+
+
+def test_internal_auth_off_needs_security_insecure() -> None:
+    """Token and mTLS both off: the chart refuses to render unless security.insecure says the pod
+    network is trusted, and then passes --insecure to each internal service by its variable."""
+    helm = pytest.importorskip("helm_python")
+    off: dict = {"security": {"internalToken": {"enabled": False}}}
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(Exception, match="insecure"):
+        chart.render(off, name="t", namespace="default")
+    off["security"]["insecure"] = True
+    for env in _internal_envs(docs_of(off)):
+        assert "MINISGL_INTERNAL_TOKEN_FILE" not in env
+        assert all(env[f"MINISGL_{s.upper()}_INSECURE"] == "1" for s in INTERNAL_CONTAINERS)
+
+
+def test_compose_internal_services_have_the_token() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        if name.startswith(INTERNAL_CONTAINERS):  # worker-cuda, scheduler-2, ...
+            env = service.get("environment") or {}
+            assert env.get("MINISGL_INTERNAL_TOKEN_FILE"), name
+            assert not [k for k in env if k.endswith("_INSECURE")], name
+            assert "--insecure" not in (service.get("command") or []), name
+
+
 @pytest.mark.parametrize("values_file", VALUES_FILES)
 def test_grace_periods_outlast_preStop_and_drain(values_file: str | None) -> None:
     """SIGKILL never cuts a drain short, and upstreams outlive what drains through them: the

@@ -18,7 +18,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from minisgl.launcher import Stack, StackConfig
 from minisgl_core.ports import free_port
-from minisgl_core.security import TLS_DIR_ENV, TLS_TARGET_NAME, TOKEN_HEADER, InternalSecurity
+from minisgl_core.security import (
+    TLS_DIR_ENV,
+    TLS_TARGET_NAME,
+    TOKEN_FILE_ENV,
+    TOKEN_HEADER,
+    InternalSecurity,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 # One method of each kind per internal service: (service, method path, streaming request).
@@ -206,3 +212,68 @@ def test_metrics_host_flag_overrides() -> None:
         assert httpx.get(f"http://127.0.0.2:{metrics_port}/metrics").status_code == 200
     finally:
         host.stop(0.1)
+
+
+# -- services started by hand, without a token ----------------------------------------------
+
+INTERNAL = {  # service -> how it is started (the model, where it needs one, comes after)
+    "tokenizer": (["minisgl_tokenizer", "tokenizer"], True),
+    "detokenizer": (["minisgl_tokenizer", "detokenizer"], True),
+    "scheduler": (["minisgl_scheduler", "--worker", "127.0.0.1:1"], False),
+    "worker": (["minisgl_worker", "--device", "cpu"], True),
+}
+
+
+def _by_hand(service: str, model: Path, port: int, *flags: str) -> subprocess.Popen[str]:
+    module, needs_model = INTERNAL[service]
+    env = {k: v for k, v in os.environ.items()
+           if k not in (TOKEN_FILE_ENV, TLS_DIR_ENV) and not k.endswith("_INSECURE")}
+    return subprocess.Popen(
+        [sys.executable, "-m", *module, *(["--model", str(model)] if needs_model else []),
+         "--port", str(port), "--metrics-port", "0", "--log-format", "text", *flags],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_open_service_on_the_network_refuses_to_start(tiny_model_path: Path) -> None:
+    """Every internal service on 0.0.0.0 without a token or mTLS exits 1 before it loads
+    anything, with one line naming --insecure and its variable."""
+    procs = {s: _by_hand(s, tiny_model_path, free_port(), "--host", "0.0.0.0") for s in INTERNAL}
+    try:
+        for service, proc in procs.items():
+            out, _ = proc.communicate(timeout=90)
+            assert proc.returncode == 1, out
+            errors = [line for line in out.splitlines() if "ERROR" in line]
+            assert len(errors) == 1, out
+            assert "--insecure" in errors[0] and f"MINISGL_{service.upper()}_INSECURE" in errors[0]
+            assert "Traceback" not in out
+    finally:
+        for proc in procs.values():  # one that served instead of refusing
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.parametrize("flags", [("--host", "0.0.0.0", "--insecure", "--reflection"),
+                                   ("--host", "127.0.0.1")], ids=["insecure", "loopback"])
+def test_open_service_starts_with_a_warning(tiny_model_path: Path, flags: tuple[str, ...]
+                                            ) -> None:
+    """--insecure lets it listen on every interface; on loopback it starts without the flag.
+    Either way it warns, and reflection is on only where --reflection asks for it."""
+    from minisgl_core.serving import wait_for_health
+
+    port = free_port()
+    proc = _by_hand("tokenizer", tiny_model_path, port, *flags)
+    try:
+        wait_for_health(f"127.0.0.1:{port}", timeout=60)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            reflect = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+            status = _call(channel, reflect, True)
+            assert (status != grpc.StatusCode.UNIMPLEMENTED) == ("--reflection" in flags)
+            assert _call(channel, "/minisgl.v1.Tokenizer/GetTokenizerInfo", False) \
+                == grpc.StatusCode.OK
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert any("WARNING" in line and "no internal token or mTLS" in line
+               for line in out.splitlines()), out

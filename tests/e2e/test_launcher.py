@@ -100,7 +100,7 @@ def test_gateway_replicas_share_the_public_ports(tiny_model_path: Path, tmp_path
     try:
         gateways = [stack.processes["gateway"], stack.processes["gateway-1"]]
         for p in gateways:
-            assert {http, grpc_port} <= _listening_ports(p.pid)
+            assert {http, grpc_port} <= (_listening_ports(p.pid) or set())
         for _ in range(6):  # a fresh connection each: the kernel spreads them over both
             reply = httpx.post(f"http://127.0.0.1:{http}/v1/completions",
                                json={"prompt": "In the beginning", "max_tokens": 3}, timeout=60)
@@ -117,3 +117,54 @@ def test_gateway_replicas_share_the_public_ports(tiny_model_path: Path, tmp_path
     assert set(codes) == {"worker", "tokenizer", "detokenizer", "scheduler", "gateway",
                           "gateway-1"}
     assert all(c == 0 for c in codes.values()), codes
+
+
+def test_two_stacks_on_one_host_stay_apart(tiny_model_path: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two stacks with the launcher's default internal ports both serve, each on its own
+    internal ports with its own token; a third `minisgl serve` on a public port the first holds
+    fails at once with one line naming the flag, before it starts any service."""
+    from minisgl.launcher import Stack, StackConfig
+    from minisgl_core.config import DEFAULT_PORTS
+
+    for service in ("WORKER", "TOKENIZER", "DETOKENIZER", "SCHEDULER"):
+        monkeypatch.delenv(f"MINISGL_{service}_PORT", raising=False)
+
+    def start(name: str) -> Stack:
+        return Stack(StackConfig(
+            model_path=str(tiny_model_path), http_port=free_port(), grpc_port=free_port(),
+            log_dir=tmp_path / name, log_level="warning", metrics=False,
+            startup_timeout=60)).start()
+
+    first = start("first")
+    try:
+        second = start("second")
+        try:
+            internal = ("worker", "tokenizer", "detokenizer", "scheduler")
+            ports = [set(s.ports[n] for n in internal) for s in (first, second)]
+            assert not ports[0] & ports[1]
+            assert not (ports[0] | ports[1]) & {DEFAULT_PORTS[n] for n in internal}
+            assert first.token_file and second.token_file
+            assert first.token_file.read_text() != second.token_file.read_text()
+            for stack in (first, second):
+                reply = httpx.post(f"{stack.http_url}/v1/completions", timeout=60,
+                                   json={"prompt": "Hi", "max_tokens": 2})
+                assert reply.status_code == 200, reply.text
+        finally:
+            assert all(code == 0 for code in second.stop().values())
+
+        third = subprocess.run(
+            [sys.executable, "-m", "minisgl.cli", "serve", "--model", str(tiny_model_path),
+             "--port", str(first.config.http_port), "--grpc-port", str(free_port()),
+             "--log-format", "text"],
+            capture_output=True, text=True, timeout=60)
+        assert third.returncode == 1
+        errors = [line for line in third.stderr.splitlines() if "ERROR" in line]
+        assert len(errors) == 1, third.stderr
+        assert f"port {first.config.http_port}" in errors[0] and "--port" in errors[0]
+        assert "ready in" not in third.stderr  # no service was started
+        reply = httpx.post(f"{first.http_url}/v1/completions", timeout=60,
+                           json={"prompt": "Hi", "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
+    finally:
+        assert all(code == 0 for code in first.stop().values())

@@ -7,6 +7,12 @@ Internal RPCs carry a random per-run token by default (written to a 0600 temp fi
 reads through MINISGL_INTERNAL_TOKEN_FILE), so other users of the host cannot drive the
 internal services on loopback. `internal_tls_dir` (scripts/gen_internal_certs.py's OUTDIR) adds
 mTLS: each service gets its own OUTDIR/<service> through MINISGL_INTERNAL_TLS_DIR.
+
+Ports: the public ones (HTTP, gRPC) are fixed and checked before anything starts; the internal
+ones are free ports chosen per run unless pinned (StackConfig.internal_ports, else
+MINISGL_<SERVICE>_PORT), so two stacks on one host never meet. A pinned port that is taken fails
+at once, and a health answer on a service's port counts only if that service's own process
+listens there.
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from minisgl_core.config import DEFAULT_PORTS, env_default
+from minisgl_core.config import DEFAULT_PORTS, env_default, env_name
 from minisgl_core.logging import log_fields
-from minisgl_core.ports import free_port
+from minisgl_core.ports import PortInUse, free_port, in_use
 from minisgl_core.security import TLS_DIR_ENV, TOKEN_FILE_ENV, InternalSecurity
 from minisgl_core.serving import wait_for_health
 
@@ -41,12 +47,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _listening_ports(pid: int) -> set[int]:
-    """TCP ports process `pid` listens on (Linux /proc; empty elsewhere)."""
+def _listening_ports(pid: int) -> set[int] | None:
+    """TCP ports process `pid` listens on (Linux /proc; None where it cannot be read)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return set()
+        return None
     inodes = set()
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -69,7 +75,10 @@ class StackConfig:
     host: str = "127.0.0.1"  # where the public HTTP and gRPC listeners bind
     http_port: int = DEFAULT_PORTS["gateway_http"]
     grpc_port: int = DEFAULT_PORTS["gateway_grpc"]
-    internal_ports: dict[str, int] = field(default_factory=dict)  # empty: defaults; 0: pick free
+    # service -> a pinned port; a service not named (or 0) gets MINISGL_<SERVICE>_PORT if set,
+    # else a free port: the services are wired to each other by the launcher, so fixed internal
+    # ports would only let a second stack on this host reach the first one's services.
+    internal_ports: dict[str, int] = field(default_factory=dict)
     # service -> more flags, after the launcher's own (`minisgl serve` routes the flags it is given
     # directly to the services declaring them: minisgl.flags)
     extra_args: dict[str, list[str]] = field(default_factory=dict)
@@ -94,12 +103,18 @@ class StackConfig:
 class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
-        # Internal ports: explicit config, else MINISGL_<SERVICE>_PORT, else the defaults.
-        self.ports = {
-            name: config.internal_ports.get(name, env_default(name, "port", DEFAULT_PORTS[name], int))
-            for name in ("worker", "tokenizer", "detokenizer", "scheduler")
-        }
-        self.ports = {k: (v or free_port()) for k, v in self.ports.items()}
+        # Internal ports: pinned by config, else by MINISGL_<SERVICE>_PORT, else free ones.
+        self.pinned: dict[str, str] = {}  # service -> where its port was pinned, for errors
+        self.ports: dict[str, int] = {}
+        for name in ("worker", "tokenizer", "detokenizer", "scheduler"):
+            port = config.internal_ports.get(name, 0)
+            if port:
+                self.pinned[name] = f"StackConfig.internal_ports[{name!r}]"
+            else:
+                port = env_default(name, "port", 0, int)
+                if port:
+                    self.pinned[name] = env_name(name, "port")
+            self.ports[name] = port or free_port()
         for i in range(1, max(1, config.engine_replicas)):
             for name in ("worker", "scheduler"):
                 self.ports[f"{name}-{i}"] = free_port()
@@ -121,6 +136,21 @@ class Stack:
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(32))
         self.token_file = Path(path)
+
+    def _check_ports(self) -> None:
+        """Fail before any process starts when a fixed or pinned port is taken (often by
+        another stack): otherwise the health checks would reach that stack's services."""
+        cfg = self.config
+        for port, what, hint in ((cfg.http_port, "the HTTP port", "--port"),
+                                 (cfg.grpc_port, "the gRPC port", "--grpc-port")):
+            if in_use(cfg.host, port):
+                raise PortInUse(f"port {port} ({what}) is in use, maybe by another minisgl "
+                                f"serve: stop that process or pass another {hint}")
+        for name, where in self.pinned.items():
+            if in_use("127.0.0.1", self.ports[name]):
+                raise PortInUse(f"port {self.ports[name]} ({name}, pinned by {where}) is in use: "
+                                f"pin another port there, or unset it and the launcher picks "
+                                f"a free one")
 
     def _security_env(self, name: str) -> dict[str, str]:
         env = {}
@@ -209,10 +239,17 @@ class Stack:
             try:
                 wait_for_health(target, timeout=min(2.0, max(0.1, deadline - time.monotonic())),
                                 security=self.security if name != "gateway" else None)
-                return
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{name} not healthy in time" + self._log_hint(name)) from None
+                continue
+            port = int(target.rsplit(":", 1)[1])
+            listening = _listening_ports(proc.pid)
+            if listening is None or port in listening:
+                return
+            # Healthy, but not our process: something else took the port meanwhile.
+            raise PortInUse(f"port {port} ({name}) answers from another process: stop that "
+                            f"process or pin another port")
 
     def _wait_listening(self, key: str, deadline: float) -> None:
         """Until gateway replica `key` listens on both public ports and the shared port answers
@@ -228,7 +265,7 @@ class Stack:
                                    + self._log_hint(key))
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{key} not ready in time" + self._log_hint(key))
-            if _listening_ports(proc.pid) & ports == ports and self._ready_once():
+            if (_listening_ports(proc.pid) or set()) & ports == ports and self._ready_once():
                 ready_in_a_row += 1
                 continue
             ready_in_a_row = 0
@@ -251,6 +288,7 @@ class Stack:
     def start(self) -> Stack:
         deadline = time.monotonic() + self.config.startup_timeout
         try:
+            self._check_ports()
             self._make_token_file()
             workers = [self.engine_key("worker", i) for i in range(self.engines)]
             for key in [*workers, "tokenizer", "detokenizer"]:

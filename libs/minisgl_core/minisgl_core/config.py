@@ -10,7 +10,9 @@ import importlib.metadata
 import os
 from typing import Any
 
-# Default loopback ports of the local stack (`minisgl serve`); each service's --port overrides.
+# Each service's default --port when started by hand. `minisgl serve` keeps the gateway's two
+# (the public ones) but gives the internal services free ports of its own choosing, so a second
+# stack on the host never reaches the first one's services (MINISGL_<SERVICE>_PORT pins one).
 DEFAULT_PORTS = {
     "gateway_http": 8000,
     "gateway_grpc": 50051,

@@ -187,6 +187,11 @@ class ServerFlags:
     metrics_host: str = flag("", "address of the /metrics listener ('': as --host)")
     internal_token_file: str = internal_token_file_flag()
     internal_tls_dir: str = internal_tls_dir_flag()
+    # Without a token or mTLS, a service on a non-loopback --host refuses to start unless told.
+    insecure: bool = flag(False, "serve internal RPCs without a token or mTLS on a non-loopback "
+                          "--host (anyone who reaches the port can call them)")
+    reflection: bool = flag(False, "gRPC server reflection (lists every method; behind the "
+                            "token or mTLS when one is on)")
     log_level: str = log_level_flag()
     drain_timeout: float = flag(30.0, "seconds to finish in-flight work on SIGTERM")
 

@@ -1,9 +1,13 @@
-"""Free loopback ports, for the launcher, TP rendezvous and the tests: one definition."""
+"""Free loopback ports, for the launcher, TP rendezvous and the tests: one definition; and
+whether a port someone chose is free before a whole stack starts around it."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
+
+from minisgl_core.startup import StartupError
 
 _GIVEN: set[int] = set()
 _LOCK = threading.Lock()
@@ -21,3 +25,23 @@ def free_port() -> int:
             if port not in _GIVEN:
                 _GIVEN.add(port)
                 return port
+
+
+class PortInUse(StartupError):
+    """A port given by the operator already has a listener; the message names how to move it."""
+
+
+def in_use(host: str, port: int) -> bool:
+    """Whether something listens on `host`:`port` now. A plain bind (no SO_REUSEPORT) fails next
+    to any listener, gRPC's shared ones included; SO_REUSEADDR lets connections of a stopped
+    process (TIME_WAIT) through. Other errors (an unknown host, no IPv6) are left to the real
+    bind."""
+    host = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        return exc.errno == errno.EADDRINUSE
+    return False

@@ -23,6 +23,7 @@ no plumbing of their own.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from minisgl_core.config import env_name
+from minisgl_core.startup import StartupError
 
 TOKEN_HEADER = "x-minisgl-internal-token"
 TOKEN_FILE_ENV = "MINISGL_INTERNAL_TOKEN_FILE"
@@ -151,6 +155,39 @@ def from_args(token_file: str, tls_dir: str) -> InternalSecurity:
         raise SystemExit(f"error: {exc}") from None
     set_default(security)
     return security
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this host can reach a listener on `host` ("", 0.0.0.0 and :: are every
+    interface; a name other than localhost may resolve anywhere, so it counts as reachable)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listener(service: str, host: str, security: InternalSecurity, insecure: bool) -> None:
+    """Refuse to serve an internal service's RPCs to the network without a token or mTLS: an
+    open scheduler generates for anyone who reaches it. `insecure` (--insecure) is the
+    operator saying the network itself is trusted. On loopback an open service only warns
+    (`open_warning`, once it listens): every local user can still drive it."""
+    if security.enabled or insecure or is_loopback(host):
+        return
+    raise StartupError(
+        f"{service} would serve internal RPCs on {host or '0.0.0.0'} to anyone without a token "
+        f"or mTLS: set --internal-token-file (MINISGL_INTERNAL_TOKEN_FILE) or "
+        f"--internal-tls-dir, or pass --insecure ({env_name(service, 'insecure')}=1) if the "
+        f"network is trusted")
+
+
+def open_warning(host: str) -> str:
+    """What an internal service without a token or mTLS logs once it listens on `host`."""
+    who = "any local user" if is_loopback(host) else "anyone who reaches the port"
+    return (f"no internal token or mTLS: {who} can call every RPC (set --internal-token-file or "
+            f"MINISGL_INTERNAL_TOKEN_FILE)")
 
 
 # -- server interceptor ----------------------------------------------------------------------

@@ -11,8 +11,8 @@ On SIGTERM/SIGINT health turns NOT_SERVING (load balancers stop routing), the dr
 by the drain timeout), the server stops with that grace, and the process exits 0.
 
 With internal security on (`minisgl_core.security`), every RPC but health needs the shared token,
-mTLS is required when a TLS directory is given, and reflection is off. /metrics binds where gRPC
-binds unless `metrics_host` says otherwise.
+and mTLS is required when a TLS directory is given. Reflection is off unless asked for (then
+behind the token too). /metrics binds where gRPC binds unless `metrics_host` says otherwise.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from minisgl_core.gc_pause import freeze_startup_objects, thaw
 from minisgl_core.grpc_metrics import MetricsInterceptor
 from minisgl_core.metrics import start_metrics_server
 from minisgl_core.reconnect import RECONNECT_OPTIONS
-from minisgl_core.security import InternalSecurity, get_default
+from minisgl_core.security import InternalSecurity, get_default, open_warning
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class ServiceHost:
         security: InternalSecurity | None = None,
         metrics_host: str | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        reflection: bool = False,
     ) -> None:
         self.name = name
         self.address = f"{host}:{port}"
@@ -96,8 +97,9 @@ class ServiceHost:
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        # Reflection lists every method: useful on an open dev stack, an attacker's map otherwise.
-        self._reflection = not self.security.enabled
+        # Reflection lists every method: a debugging aid, an attacker's map otherwise, so only
+        # on request (--reflection); the token check covers it like any other RPC.
+        self._reflection = reflection
         self._service_names: list[str] = [health.SERVICE_NAME]
         self._drain_hooks: list[Callable[[float], None]] = []
         self._stop = threading.Event()
@@ -136,6 +138,8 @@ class ServiceHost:
         mode = ("token" if sec.token else "") + ("+mTLS" if sec.tls else "") or "open"
         log.info("%s listening on %s (internal auth: %s; metrics %s:%s)", self.name, self.address,
                  mode.lstrip("+"), self.metrics_host, self.metrics_port)
+        if not sec.enabled:
+            log.warning("%s: %s", self.name, open_warning(self.address.rpartition(":")[0]))
         return self.bound_port
 
     def set_serving(self, serving: bool) -> None:

@@ -28,8 +28,14 @@ def _port_of(text: str) -> str:
     return ""
 
 
+class StartupError(RuntimeError):
+    """A start-up failure whose message already says what to do: `explain` keeps it as is."""
+
+
 def explain(exc: BaseException) -> str:
     """One line: what failed and what to do about it."""
+    if isinstance(exc, StartupError):
+        return str(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lower = text.lower()
     name = type(exc).__name__

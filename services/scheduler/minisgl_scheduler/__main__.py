@@ -11,7 +11,7 @@ import threading
 
 from minisgl_core.flags import ServiceFlags
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2_grpc
-from minisgl_core.security import from_args
+from minisgl_core.security import check_listener, from_args
 from minisgl_core.serving import ServiceHost
 from minisgl_core.startup import begin, report_failure
 
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     begin("scheduler", ns.log_level)
     # Also the default of the worker client's channel: the token and certificate go with it.
     security = from_args(ns.internal_token_file, ns.internal_tls_dir)
+    check_listener("scheduler", ns.host, security, ns.insecure)
     config = FLAGS.build(SchedulerConfig, ns)
     config.validate()
     metrics = SchedulerMetrics.get() if ns.metrics_port else None
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     # Message limit: the default (64 MiB). A ConnectRequest coalesces the submits of every request
     # the gateway admitted meanwhile (hundreds of prompts), so no per-prompt bound applies.
     host = ServiceHost("scheduler", ns.host, ns.port, metrics_port=ns.metrics_port or None,
-                       security=security, metrics_host=ns.metrics_host or None)
+                       security=security, metrics_host=ns.metrics_host or None,
+                       reflection=ns.reflection)
     host.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, pending, "minisgl.v1.Scheduler")
     host.on_drain(pending.drain)
 

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from minisgl_core.security import from_args
+from minisgl_core.security import check_listener, from_args
 from minisgl_core.serving import ServiceHost, message_limit
 from minisgl_core.startup import begin
 
@@ -33,6 +33,7 @@ def run(service: str, argv: list[str] | None = None) -> int:
     ns = _parse(service, argv)
     begin(service, ns.log_level)
     security = from_args(ns.internal_token_file, ns.internal_tls_dir)
+    check_listener(service, ns.host, security, ns.insecure)
     # The server's threads already run requests in parallel; Rust's own pool would oversubscribe.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from minisgl_core.proto.minisgl.v1 import detokenizer_pb2_grpc, tokenizer_pb2_grpc
@@ -48,7 +49,8 @@ def run(service: str, argv: list[str] | None = None) -> int:
     host = ServiceHost(service, ns.host, ns.port, metrics_port=ns.metrics_port or None,
                        max_workers=ns.max_workers, security=security,
                        metrics_host=ns.metrics_host or None,
-                       max_message_bytes=message_limit(model.max_model_len))
+                       max_message_bytes=message_limit(model.max_model_len),
+                       reflection=ns.reflection)
     if service == "tokenizer":
         host.add(tokenizer_pb2_grpc.add_TokenizerServicer_to_server, TokenizerServicer(model),
                  "minisgl.v1.Tokenizer")

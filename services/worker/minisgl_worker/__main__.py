@@ -45,13 +45,14 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     from minisgl_core.proto.minisgl.v1 import worker_pb2_grpc
-    from minisgl_core.security import from_args
+    from minisgl_core.security import check_listener, from_args
     from minisgl_core.serving import ServiceHost
 
     from .engine import Engine
     from .server import WorkerService
 
     security = from_args(ns.internal_token_file, ns.internal_tls_dir)  # before the model loads
+    check_listener("worker", ns.host, security, ns.insecure)
     engine = Engine(config)
     try:
         info = engine.info()
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         # Message limit: the default (64 MiB). One step may restart many requests, each with
         # up to a context of history_ids, so no per-prompt bound applies.
         host = ServiceHost("worker", ns.host, ns.port, metrics_port=ns.metrics_port or None,
-                           security=security, metrics_host=ns.metrics_host or None)
+                           security=security, metrics_host=ns.metrics_host or None,
+                           reflection=ns.reflection)
         host.add(worker_pb2_grpc.add_WorkerServicer_to_server, service, "minisgl.v1.Worker")
         host.on_drain(service.drain)
         host.serve_forever(drain_timeout=ns.drain_timeout)

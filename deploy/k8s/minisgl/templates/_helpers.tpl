@@ -70,7 +70,7 @@ securityContext: {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
 {{- end -}}
 
 {{/* Environment of every container: log level, metrics compatibility names, internal token /
-    mTLS, a writable HOME. */}}
+    mTLS (or --insecure where both are off on purpose), a writable HOME. */}}
 {{- define "minisgl.env" -}}
 - {name: MINISGL_LOG_LEVEL, value: {{ .Values.logLevel | quote }}}
 - {name: HOME, value: /tmp}
@@ -82,6 +82,14 @@ securityContext: {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
 {{- end }}
 {{- if .Values.security.mtls.enabled }}
 - {name: MINISGL_INTERNAL_TLS_DIR, value: /etc/minisgl/tls}
+{{- end }}
+{{- if not (or .Values.security.internalToken.enabled .Values.security.mtls.enabled) }}
+{{- if not .Values.security.insecure }}
+{{- fail "security: internalToken and mtls are both off; the internal services would serve anyone on the pod network (set security.insecure=true if that is intended)" }}
+{{- end }}
+{{- range list "TOKENIZER" "DETOKENIZER" "SCHEDULER" "WORKER" }}
+- {name: MINISGL_{{ . }}_INSECURE, value: "1"}
+{{- end }}
 {{- end }}
 {{- end -}}
 
