@@ -18,6 +18,7 @@ from typing import Any
 
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
+from minisgl_gateway.api.json_body import parse_json_field
 from minisgl_gateway.errors import invalid
 
 # Compact JSON (no free whitespace): weak models cannot loop on blanks inside a structure.
@@ -54,10 +55,7 @@ def validate(g: common_pb2.Grammar, param: str) -> None:
 
 def _schema_text(schema: Any, param: str) -> str:
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise invalid(f"{param} is not valid JSON: {exc}", param=param) from None
+        schema = parse_json_field(schema, param)
     if not isinstance(schema, dict | bool):
         raise invalid(f"{param} must be a JSON Schema object", param=param)
     return json.dumps(schema)
