@@ -401,3 +401,41 @@ def test_bodies_being_received_are_bounded(body_gateway: object) -> None:
                        timeout=30)
     assert reply.status_code == 200, reply.text
     assert _metric(url, "minisgl_gateway_http_refused_total", 'reason="body_readers"') == 1
+
+
+# -- the public gRPC API: huge item counts (issue #55) ---------------------------------------
+
+
+def _grpc_item_floods() -> dict[str, generation_pb2.ChatRequest]:
+    user = common_pb2.ChatMessage(role="user", content="hi")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    enum = json.dumps({"type": "string", "enum": [f"value{i}" for i in range(200_000)]})
+    return {
+        "messages": generation_pb2.ChatRequest(messages=[user] * 200_000),
+        "tools": generation_pb2.ChatRequest(messages=[user], tools_json=json.dumps([tool] * 20_000)),
+        "enum": generation_pb2.ChatRequest(
+            messages=[user], sampling=common_pb2.SamplingParams(
+                grammar=common_pb2.Grammar(json_schema=enum))),
+    }
+
+
+def test_grpc_item_floods_refused_without_stalling_others(gw_stack: object) -> None:
+    floods = _grpc_item_floods()
+    pid = _pids(gw_stack)["gateway"]
+    idle = _rss_kib(pid)
+    options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
+    with grpc.insecure_channel(gw_stack.grpc_target, options=options) as channel, \
+            StreamWatch(gw_stack.http_url) as watch:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        start = time.monotonic()
+        for name, request in floods.items():
+            began = time.monotonic()
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Chat(request, timeout=30)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, info.value)
+            assert time.monotonic() - began < REFUSAL_S, name
+        end = time.monotonic()
+        gap = watch.longest_gap(start, end)
+    assert gap < QUICK_STALL_S, f"an unrelated stream paused {gap:.2f}s"
+    assert watch.status == 200
+    assert _rss_kib(pid) < 2 * idle, (idle, _rss_kib(pid))
