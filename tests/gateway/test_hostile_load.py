@@ -391,6 +391,11 @@ def test_bodies_being_received_are_bounded(body_gateway: object) -> None:
         # Requests without a body are not refused by it.
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
         assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 200
+        # A client that gives up frees its place at once.
+        parked.pop().close()
+        time.sleep(0.05)
+        reply = httpx.post(f"{url}/tokenize", json={"prompt": "hi"}, timeout=10)
+        assert reply.status_code == 200, reply.text
         for sock in parked:  # each runs out of time and is closed
             assert _reply(sock).startswith(b"HTTP/1.1 408")
     finally:
