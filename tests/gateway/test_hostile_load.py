@@ -280,3 +280,167 @@ def test_body_past_what_the_context_can_need_is_refused_unparsed(gw_stack: objec
     assert "exceeds" in body["error"]["message"] and "2048 tokens" in body["error"]["message"]
     status, body, _took = _post(gw_stack.http_url, raw)
     assert status == 200, body
+
+
+# -- the HTTP request body: clients that hang up or never finish (issue #55) -----------------
+
+QUICK_STALL_S = 0.3  # the unrelated stream's longest pause while these (cheap) cases run
+
+
+def _metric(url: str, name: str, label: str) -> float:
+    """The value of one labelled series from /metrics (0 when absent)."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f"{name}{{") and label in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _hang_up_mid_upload(port: int, count: int) -> None:
+    head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 100000\r\n\r\n")
+    for _ in range(count):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(head + b'{"prompt": "' + b"a" * 2000)
+
+
+def test_clients_hanging_up_mid_upload_are_counted_not_logged(spawn_gateway) -> None:  # noqa: ANN001
+    gw = spawn_gateway()
+    url, port = gw.http_url, _port(gw.http_url)
+    before = _metric(url, "minisgl_gateway_client_disconnects_total", 'phase="body"')
+    idle = _rss_kib(gw.proc.pid)
+    with StreamWatch(url) as watch:
+        start = time.monotonic()
+        threads = [threading.Thread(target=_hang_up_mid_upload, args=(port, 25))
+                   for _ in range(8)]  # 200 clients
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        end = time.monotonic()
+        gap = watch.longest_gap(start, end)
+    assert gap < QUICK_STALL_S, f"an unrelated stream paused {gap:.2f}s"
+    assert watch.status == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        counted = _metric(url, "minisgl_gateway_client_disconnects_total", 'phase="body"')
+        if counted - before >= 200:
+            break
+        time.sleep(0.1)
+    assert counted - before == 200, counted - before
+    log = gw.log()
+    for noise in ("Traceback", "ClientDisconnect", "Exception in ASGI application", "ERROR"):
+        assert noise not in log, log[-3000:]
+    assert _rss_kib(gw.proc.pid) < 2 * idle
+
+
+@pytest.fixture
+def body_gateway(spawn_gateway) -> Iterator[object]:  # noqa: ANN001
+    yield spawn_gateway("--body-timeout", "0.5", "--max-body-readers", "4")
+
+
+def _parked_upload(port: int) -> socket.socket:
+    """A connection that sent a request head and a little of a chunked body that never ends."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                 b"\r\ntransfer-encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n")
+    return sock
+
+
+def _reply(sock: socket.socket) -> bytes:
+    chunks = []
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_body_that_never_ends_gets_408(body_gateway: object) -> None:
+    url, port = body_gateway.http_url, _port(body_gateway.http_url)
+    started = time.monotonic()
+    with _parked_upload(port) as sock:
+        for _ in range(20):  # a chunk now and then, never the last one
+            time.sleep(0.1)
+            try:
+                sock.sendall(b"1\r\n \r\n")
+            except OSError:
+                break
+        reply = _reply(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), reply[:300]
+    assert json.loads(body)["error"]["code"] == "request_timeout", body
+    assert time.monotonic() - started < 1.8
+    assert _metric(url, "minisgl_gateway_http_refused_total", 'reason="body_timeout"') >= 1
+    # The 408 is not also counted as a client hanging up, and nothing is logged above debug.
+    assert _metric(url, "minisgl_gateway_client_disconnects_total", 'phase="body"') == 0
+    assert "Traceback" not in body_gateway.log()
+
+
+def test_bodies_being_received_are_bounded(body_gateway: object) -> None:
+    url, port = body_gateway.http_url, _port(body_gateway.http_url)
+    parked = [_parked_upload(port) for _ in range(4)]
+    try:
+        time.sleep(0.1)
+        reply, took = _raw_http(port, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
+                                b"content-type: application/json\r\ncontent-length: 16\r\n\r\n"
+                                b'{"prompt": "hi"}')
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 429"), reply[:300]
+        assert b"retry-after: 1" in head.lower(), head
+        assert json.loads(body)["error"]["type"] == "rate_limit_error"
+        assert took < REFUSAL_S
+        # Requests without a body are not refused by it.
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 200
+        # A client that gives up frees its place at once.
+        parked.pop().close()
+        time.sleep(0.05)
+        reply = httpx.post(f"{url}/tokenize", json={"prompt": "hi"}, timeout=10)
+        assert reply.status_code == 200, reply.text
+        for sock in parked:  # each runs out of time and is closed
+            assert _reply(sock).startswith(b"HTTP/1.1 408")
+    finally:
+        for sock in parked:
+            sock.close()
+    # Their places are free again.
+    reply = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 1},
+                       timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert _metric(url, "minisgl_gateway_http_refused_total", 'reason="body_readers"') == 1
+
+
+# -- the public gRPC API: huge item counts (issue #55) ---------------------------------------
+
+
+def _grpc_item_floods() -> dict[str, generation_pb2.ChatRequest]:
+    user = common_pb2.ChatMessage(role="user", content="hi")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    enum = json.dumps({"type": "string", "enum": [f"value{i}" for i in range(200_000)]})
+    return {
+        "messages": generation_pb2.ChatRequest(messages=[user] * 200_000),
+        "tools": generation_pb2.ChatRequest(messages=[user], tools_json=json.dumps([tool] * 20_000)),
+        "enum": generation_pb2.ChatRequest(
+            messages=[user], sampling=common_pb2.SamplingParams(
+                grammar=common_pb2.Grammar(json_schema=enum))),
+    }
+
+
+def test_grpc_item_floods_refused_without_stalling_others(gw_stack: object) -> None:
+    floods = _grpc_item_floods()
+    pid = _pids(gw_stack)["gateway"]
+    idle = _rss_kib(pid)
+    options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
+    with grpc.insecure_channel(gw_stack.grpc_target, options=options) as channel, \
+            StreamWatch(gw_stack.http_url) as watch:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        start = time.monotonic()
+        for name, request in floods.items():
+            began = time.monotonic()
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Chat(request, timeout=30)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, info.value)
+            assert time.monotonic() - began < REFUSAL_S, name
+        end = time.monotonic()
+        gap = watch.longest_gap(start, end)
+    assert gap < QUICK_STALL_S, f"an unrelated stream paused {gap:.2f}s"
+    assert watch.status == 200
+    assert _rss_kib(pid) < 2 * idle, (idle, _rss_kib(pid))

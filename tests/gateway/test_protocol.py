@@ -11,7 +11,7 @@ from minisgl_gateway.agent.registry import Formats
 from minisgl_gateway.api.generation import ChoiceChunk, TokenLogprob, Usage
 from minisgl_gateway.api.grpc_schema import chat_job as grpc_chat_job
 from minisgl_gateway.api.grpc_schema import generate_job
-from minisgl_gateway.api.job import check_job, choice_seed, resolve_max_tokens
+from minisgl_gateway.api.job import check_grammar, check_job, choice_seed, resolve_max_tokens
 from minisgl_gateway.api.json_body import parse_json
 from minisgl_gateway.api.openai_format import DONE, Formatter
 from minisgl_gateway.api.openai_schema import build_job
@@ -27,6 +27,7 @@ FORMATS = Formats("hermes", "qwen3")  # the tiny test model's, picked by name
 def job_of(endpoint: str, body: dict):
     job, *_ = build_job(endpoint, body, FORMATS)
     check_job(job, LIMITS, CTX, VOCAB)
+    check_grammar(job)  # Generation.start runs it, in a thread
     return job
 
 

@@ -45,6 +45,13 @@ class Limits:
     header_timeout_s: float = flag(
         10.0, "seconds a client has to send a request's headers; slower ones get 408",
         option="--header-timeout")
+    # a request body must arrive within this after its head; 408 + close past it
+    body_timeout_s: float = flag(
+        30.0, "seconds a client has to send a request's body after its headers; slower ones get "
+        "408", option="--body-timeout")
+    # connections whose body is still arriving hold a socket outside --max-concurrent-requests
+    max_body_readers: int = flag(
+        512, "requests whose body is being received at once; more get 429 + Retry-After")
 
 
 @dataclass
@@ -126,7 +133,8 @@ FLAGS = ServiceFlags(
 
 # Limits that must be at least 1 (0 would refuse every request).
 _AT_LEAST_ONE = ("max_concurrent_requests", "max_body_bytes", "max_n", "max_prompts", "max_stop",
-                 "max_stop_len", "retry_after_s", "max_header_bytes", "max_headers")
+                 "max_stop_len", "retry_after_s", "max_header_bytes", "max_headers",
+                "max_body_readers")
 
 
 def parse_config(argv: list[str] | None = None) -> GatewayConfig:
@@ -147,6 +155,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     lim.max_prompt_tokens = max(0, lim.max_prompt_tokens)
     lim.max_completion_tokens = max(0, lim.max_completion_tokens)
     lim.header_timeout_s = max(0.1, lim.header_timeout_s)
+    lim.body_timeout_s = max(0.1, lim.body_timeout_s)
     routing.balance_threshold = max(0.0, routing.balance_threshold)
     routing.discovery_interval = max(0.05, routing.discovery_interval)
     return config

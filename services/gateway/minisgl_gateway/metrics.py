@@ -26,6 +26,12 @@ HTTP_REQUESTS = counter("http_requests_total", "HTTP requests by endpoint and st
                         ("endpoint", "status"))
 GRPC_REQUESTS = counter("grpc_requests_total", "public gRPC calls by method and status code",
                         ("method", "code"))
+CLIENT_DISCONNECTS = counter(
+    "gateway_client_disconnects_total", "HTTP clients that hung up before their request was "
+    "answered, by phase (body: while sending the request body)", ("phase",))
+HTTP_REFUSED = counter(
+    "gateway_http_refused_total", "HTTP requests the connection layer refused before the app saw "
+    "them (or cut off), by reason (body_timeout: 408; body_readers: 429)", ("reason",))
 TTFT = alias(histogram("time_to_first_token_seconds", "arrival to first token, per request",
                        TTFT_BUCKETS, (MODEL,)), "vllm:time_to_first_token_seconds")
 ITL = alias(histogram("inter_token_latency_seconds", "time between output chunks of a choice",

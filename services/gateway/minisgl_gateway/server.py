@@ -88,7 +88,8 @@ class GatewayServer:
             tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
         self.http = _Uvicorn(uvicorn.Config(
             asgi_app(self.gateway), host=config.host, port=config.port, log_config=None,
-            http=limited_protocol(lim.max_header_bytes, lim.max_headers, lim.header_timeout_s),
+            http=limited_protocol(lim.max_header_bytes, lim.max_headers, lim.header_timeout_s,
+                                  lim.body_timeout_s, lim.max_body_readers, lim.retry_after_s),
             access_log=False, lifespan="off", timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=max(1, int(
                 config.drain_timeout)), **tls))

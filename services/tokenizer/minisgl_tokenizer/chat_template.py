@@ -42,6 +42,30 @@ class _GenerationBlock(jinja2.ext.Extension):
         return caller()
 
 
+MAX_JSON_DEPTH = 64  # the gateway refuses deeper JSON before it gets here
+
+
+def loads_field(text: str, name: str) -> Any:
+    """JSON from the string field `name`; ValueError (the item's INVALID_ARGUMENT) when invalid
+    or nested past MAX_JSON_DEPTH, where the template or the parser would hit RecursionError."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{name} nests more than {MAX_JSON_DEPTH} levels deep") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name} is not valid JSON: {exc}") from exc
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth >= MAX_JSON_DEPTH:
+                raise ValueError(f"{name} nests more than {MAX_JSON_DEPTH} levels deep")
+            stack.extend((v, depth + 1) for v in item if isinstance(v, list | dict))
+    return value
+
+
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
@@ -165,10 +189,7 @@ def message_dict(role: str, content: str, name: str = "", tool_call_id: str = ""
     if tool_call_id:
         msg["tool_call_id"] = tool_call_id
     if tool_calls_json:
-        try:
-            calls = json.loads(tool_calls_json)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"tool_calls_json is not valid JSON: {exc}") from exc
+        calls = loads_field(tool_calls_json, "tool_calls_json")
         if not isinstance(calls, list):
             raise ValueError("tool_calls_json must be a JSON array")
         msg["tool_calls"] = [_normalise_call(c) for c in calls]
@@ -179,8 +200,8 @@ def _normalise_call(call: Any) -> Any:
     fn = call.get("function") if isinstance(call, dict) else None
     if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
         try:
-            args = json.loads(fn["arguments"])
-        except json.JSONDecodeError:
+            args = loads_field(fn["arguments"], "arguments")
+        except ValueError:
             return call  # leave it for the template to show verbatim
         if isinstance(args, dict):
             return {**call, "function": {**fn, "arguments": args}}
@@ -191,10 +212,7 @@ def parse_tools(tools_json: str) -> list[dict[str, Any]] | None:
     """`tools_json` ("" for none) as the list of tool schemas the template receives."""
     if not tools_json:
         return None
-    try:
-        tools = json.loads(tools_json)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"tools_json is not valid JSON: {exc}") from exc
+    tools = loads_field(tools_json, "tools_json")
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise ValueError("tools_json must be a JSON array of objects")
     return tools

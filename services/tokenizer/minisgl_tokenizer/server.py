@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -19,7 +18,7 @@ from minisgl_core.proto.minisgl.v1 import (
 )
 
 from minisgl_tokenizer import metrics
-from minisgl_tokenizer.chat_template import message_dict, parse_tools
+from minisgl_tokenizer.chat_template import loads_field, message_dict, parse_tools
 from minisgl_tokenizer.detokenizer import Detokenizer, StopConditions
 from minisgl_tokenizer.model_files import ModelTokenizer
 from minisgl_tokenizer.prompt import (
@@ -49,7 +48,8 @@ def prompt_from_proto(item: tokenizer_pb2.TokenizeItem) -> Prompt | ItemError:
             messages = [message_dict(m.role, m.content, m.name, m.tool_call_id, m.tool_calls_json)
                         for m in chat.messages]
             tools = parse_tools(chat.tools_json)
-            kwargs = json.loads(chat.chat_template_kwargs_json or "{}")
+            kwargs = loads_field(chat.chat_template_kwargs_json or "{}",
+                                 "chat_template_kwargs_json")
             if not isinstance(kwargs, dict):
                 raise ValueError("chat_template_kwargs must be a JSON object")
         except ValueError as exc:

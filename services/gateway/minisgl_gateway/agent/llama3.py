@@ -4,9 +4,7 @@ open with `{` is content; one that does is decided when it ends (a call if it pa
 
 from __future__ import annotations
 
-import json
-
-from minisgl_gateway.agent.base import ToolCall, ToolDelta, ToolParser, parse_call
+from minisgl_gateway.agent.base import ToolCall, ToolDelta, ToolParser, loads_bounded, parse_call
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -46,7 +44,7 @@ class Llama3Calls(ToolParser):
         if not final:
             return "", []
         try:
-            call = parse_call(json.loads(body), self.args_key)
+            call = parse_call(loads_bounded(body), self.args_key)
         except ValueError:
             call = None
         out, self._buf = ("", "") if call else (self._buf, "")

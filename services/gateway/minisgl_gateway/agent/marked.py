@@ -13,7 +13,7 @@ import re
 import secrets
 from typing import ClassVar
 
-from minisgl_gateway.agent.base import ToolCall, ToolDelta, ToolParser, hold, parse_call
+from minisgl_gateway.agent.base import ToolCall, ToolDelta, ToolParser, hold, loads_bounded, parse_call
 
 
 class MarkedCalls(ToolParser):
@@ -131,7 +131,7 @@ class MarkedCalls(ToolParser):
 
     def _body(self, body: str) -> list[ToolCall]:
         try:
-            obj = json.loads(body)
+            obj = loads_bounded(body)
         except ValueError:
             return []
         items = obj if isinstance(obj, list) else [obj]

@@ -4,6 +4,7 @@ chunks; both call `close()` when they are done, which aborts whatever is still r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,7 +15,13 @@ from minisgl_core.logging import REQUEST_ID, log_fields
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
 from minisgl_gateway import metrics
-from minisgl_gateway.api.job import Job, check_job, choice_seed, resolve_max_tokens
+from minisgl_gateway.api.job import (
+    Job,
+    check_grammar,
+    check_job,
+    choice_seed,
+    resolve_max_tokens,
+)
 from minisgl_gateway.gateway import Gateway
 from minisgl_gateway.request_context import traceparent
 from minisgl_gateway.upstream.sequence import EventSink, Sequence, StepEvent
@@ -83,6 +90,8 @@ class Generation:
         """Checks, tokenizes and submits; raises ApiError when the request cannot run."""
         gw, job = self.gateway, self.job
         info = gw.info
+        if job.sampling.HasField("grammar"):
+            await asyncio.to_thread(check_grammar, job)
         prompts = await gw.tokenize(job.prompts, job.prompt_param)
         # Every sequence of the request carries its id and trace context to each service.
         trace_ctx, request_id = traceparent(), REQUEST_ID.get()

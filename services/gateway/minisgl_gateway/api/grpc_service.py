@@ -29,6 +29,7 @@ from minisgl_gateway.api.generation import Generation
 from minisgl_gateway.api.grpc_format import GrpcOutput, usage_message
 from minisgl_gateway.api.grpc_schema import Undecodable, job_for
 from minisgl_gateway.api.job import Job
+from minisgl_gateway.api.openai_schema import INLINE_PARSE_BYTES
 from minisgl_gateway.errors import ApiError
 from minisgl_gateway.gateway import Gateway
 from minisgl_gateway.request_context import HEADER, grpc_request_id, request_scope
@@ -39,15 +40,36 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "minisgl.v1.Generation"
 
 
-def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+def _parse(parse: Callable[[bytes], Any], raw: bytes) -> Any:
     # grpc's own deserialization failure surfaces as UNKNOWN; the client deserves a 400-class code.
+    try:
+        return parse(raw)
+    except DecodeError as exc:
+        return Undecodable(str(exc))
+
+
+class _Deferred:
+    """A request message too large to decode on the event loop (grpc deserializes there): its
+    bytes, decoded in a thread by `_materialize`."""
+
+    def __init__(self, parse: Callable[[bytes], Any], raw: bytes) -> None:
+        self.parse = parse
+        self.raw = raw
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def deserialize(raw: bytes) -> Any:
-        try:
-            return parse(raw)
-        except DecodeError as exc:
-            return Undecodable(str(exc))
+        if len(raw) > INLINE_PARSE_BYTES:
+            return _Deferred(parse, raw)
+        return _parse(parse, raw)
 
     return deserialize
+
+
+async def _materialize(request: object) -> object:
+    if isinstance(request, _Deferred):
+        return await asyncio.to_thread(_parse, request.parse, request.raw)
+    return request
 
 
 def add_to_server(service: GenerationService, server: grpc.aio.Server) -> None:
@@ -100,9 +122,18 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         trailers = (("retry-after", str(err.retry_after)),) if err.retry_after is not None else ()
         await context.abort(err.grpc_code, err.message, trailing_metadata=trailers)
 
-    def _response(self, job: Job, request_id: str) -> generation_pb2.GenerateResponse:
+    def _response(self, request_id: str) -> generation_pb2.GenerateResponse:
         return generation_pb2.GenerateResponse(request_id=request_id,
                                                model=self.gateway.info.name)
+
+    async def _job(self, method: str, request: object, large: bool) -> Job:
+        """The call's job, bounds checked; built in a thread for a large message, where walking
+        its items and parsing its JSON strings cannot stall other streams."""
+        info = self.gateway.info
+        if large:
+            return await asyncio.to_thread(job_for, method, request, info.formats,
+                                           info.max_model_len)
+        return job_for(method, request, info.formats, info.max_model_len)
 
     @contextlib.asynccontextmanager
     async def _call(self, method: str, context: grpc.aio.ServicerContext, request: object = None
@@ -141,16 +172,18 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
 
     async def _unary(self, method: str, request: object, context: grpc.aio.ServicerContext
                      ) -> generation_pb2.GenerateResponse:
+        large = isinstance(request, _Deferred)
+        request = await _materialize(request)
         async with self._call(method, context, request) as held:
-            job = job_for(method, request, self.gateway.info.formats)
+            job = await self._job(method, request, large)
             job.session = _session(context) or job.user
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)
                 held.append(gen)
                 await gen.start()
                 choices = await gen.collect()
-                reply = self._response(job, job.request_id or REQUEST_ID.get()
-                                       or secrets.token_hex(12))
+                # The id `_call` settled on (the client's only when usable), never the raw field.
+                reply = self._response(REQUEST_ID.get() or secrets.token_hex(12))
                 out = GrpcOutput(job, await echo_prefixes(job, self.gateway.detokenize))
                 for c in choices:
                     out.fill(reply.choices.add(), c, whole=True)
@@ -159,16 +192,18 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
 
     async def _stream(self, method: str, request: object, context: grpc.aio.ServicerContext
                       ) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        large = isinstance(request, _Deferred)
+        request = await _materialize(request)
         async with self._call(method, context, request) as held:
-            job = job_for(method, request, self.gateway.info.formats)
+            job = await self._job(method, request, large)
             job.session = _session(context) or job.user
-            request_id = job.request_id or REQUEST_ID.get() or secrets.token_hex(12)
+            request_id = REQUEST_ID.get() or secrets.token_hex(12)
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)
                 held.append(gen)
                 await gen.start()
                 finished, num_choices = 0, gen.num_choices
-                head = self._response(job, request_id)
+                head = self._response(request_id)
                 out = GrpcOutput(job, await echo_prefixes(job, self.gateway.detokenize))
                 async for chunks in gen.chunks():
                     chunks = [c for c in chunks if c.text or c.token_ids or c.finish_reason]

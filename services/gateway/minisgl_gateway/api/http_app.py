@@ -19,11 +19,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl_gateway import metrics
 from minisgl_gateway.api.choice_output import echo_prefixes
 from minisgl_gateway.api.generation import Generation
+from minisgl_gateway.api.http_limits import client_gone
 from minisgl_gateway.api.job import Job
 from minisgl_gateway.api.json_body import context_body_limit
 from minisgl_gateway.api.openai_format import DONE, Formatter, error_event, model_card
@@ -54,13 +56,16 @@ async def read_body(request: Request, limit: int, soft_limit: int = 0,
         raise invalid("invalid Content-Length header")
     keep = min(limit, soft_limit) if soft_limit else limit
     parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > keep:
-            if size > _DRAIN_CAP:
-                break
-            continue  # keep reading so the client is not cut off mid-upload
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > keep:
+                if size > _DRAIN_CAP:
+                    break
+                continue  # keep reading so the client is not cut off mid-upload
+            parts.append(part)
+    except ClientDisconnect:
+        raise client_gone(request) from None
     if size > limit:
         raise ApiError(413, f"the request body exceeds {limit} bytes", code="request_too_large")
     if size > keep and soft_error is not None:

@@ -114,13 +114,10 @@ def check_job(job: Job, limits: Limits, max_model_len: int, vocab_size: int) -> 
     if bad:
         raise invalid(f"logit_bias token ids must be in [0, {vocab_size}) (got {bad[0]})",
                       param="logit_bias")
-    if sp.HasField("grammar"):
-        if sp.ignore_eos or sp.min_tokens:
-            raise invalid("ignore_eos and min_tokens cannot be combined with a grammar (the "
-                          "grammar ends the output)", param=job.grammar_param)
-        from minisgl_gateway.api.structured import validate
-
-        validate(sp.grammar, job.grammar_param)
+    # The grammar itself is compiled by `check_grammar`, in a thread (Generation.start).
+    if sp.HasField("grammar") and (sp.ignore_eos or sp.min_tokens):
+        raise invalid("ignore_eos and min_tokens cannot be combined with a grammar (the "
+                      "grammar ends the output)", param=job.grammar_param)
     if len(job.stop.stop) > limits.max_stop:
         raise invalid(f"at most {limits.max_stop} stop strings", param="stop")
     for s in job.stop.stop:
@@ -129,6 +126,15 @@ def check_job(job: Job, limits: Limits, max_model_len: int, vocab_size: int) -> 
         if len(s) > limits.max_stop_len:
             raise invalid(f"stop strings must be at most {limits.max_stop_len} characters",
                           param="stop")
+
+
+def check_grammar(job: Job) -> None:
+    """Compiles the job's grammar, if any (400 quoting the compiler). Blocking: a large schema
+    takes the compiler a while, so callers on the event loop run it in a thread."""
+    if job.sampling.HasField("grammar"):
+        from minisgl_gateway.api.structured import validate
+
+        validate(job.sampling.grammar, job.grammar_param)
 
 
 def resolve_max_tokens(job: Job, prompt_len: int, max_model_len: int, limits: Limits) -> int:

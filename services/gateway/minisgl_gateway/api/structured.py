@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from minisgl_core.grammar_limits import parser_limits, probe
 from minisgl_core.proto.minisgl.v1 import common_pb2
 
+from minisgl_gateway.api.json_body import parse_json_field
 from minisgl_gateway.errors import invalid
 
 if TYPE_CHECKING:
@@ -92,10 +93,7 @@ def validate(g: common_pb2.Grammar, param: str) -> None:
 
 def _schema_text(schema: Any, param: str) -> str:
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise invalid(f"{param} is not valid JSON: {exc}", param=param) from None
+        schema = parse_json_field(schema, param)
     if not isinstance(schema, dict | bool):
         raise invalid(f"{param} must be a JSON Schema object", param=param)
     return json.dumps(schema)

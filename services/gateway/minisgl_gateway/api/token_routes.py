@@ -14,7 +14,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from minisgl_core.proto.minisgl.v1 import common_pb2, tokenizer_pb2
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
+from minisgl_gateway.api.http_limits import client_gone
 from minisgl_gateway.api.json_body import parse_json
 from minisgl_gateway.api.openai_schema import _STRICT, Message, _message, parse_body
 from minisgl_gateway.errors import from_upstream, invalid
@@ -64,7 +66,11 @@ def _item(body: TokenizeBody) -> tokenizer_pb2.TokenizeItem:
 def add_token_routes(app: FastAPI, gateway: Gateway) -> None:
     async def read(request: Request, model: type[BaseModel]) -> Any:
         gateway.check_key(request.headers.get("authorization"))
-        body = parse_body(model, parse_json(await request.body(), gateway.info.max_model_len))
+        try:
+            raw = await request.body()
+        except ClientDisconnect:
+            raise client_gone(request) from None
+        body = parse_body(model, parse_json(raw, gateway.info.max_model_len))
         gateway.check_model(body.model or "")
         return body
 
