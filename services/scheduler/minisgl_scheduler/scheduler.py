@@ -23,6 +23,7 @@ import heapq
 import logging
 from collections import deque
 
+from minisgl_core.prefix_hash import salt_seed
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import StepExecutor, StepPlan, WorkerInfo
 
@@ -83,8 +84,10 @@ class Scheduler:
 
     # -- public API ----------------------------------------------------------------------------
 
-    def submit(self, rid: int, input_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raises a SchedulerError subclass when it is refused."""
+    def submit(self, rid: int, input_ids: list[int], params: SamplingParams,
+               cache_salt: str = "") -> None:
+        """Queue a request; raises a SchedulerError subclass when it is refused. Its prompt
+        shares cached prefix pages only with requests of the same `cache_salt`."""
         if rid in self.reqs:
             raise InvalidRequest(f"request id {rid} is already in use")
         check_request(self.info, input_ids, params)
@@ -93,7 +96,8 @@ class Scheduler:
                 f"the scheduler queue is full ({len(self.waiting)} waiting requests); retry later"
             )
         self._arrivals += 1
-        req = new_request(self.info, self.eos_ids, rid, input_ids, params, self._arrivals)
+        req = new_request(self.info, self.eos_ids, rid, input_ids, params, self._arrivals,
+                          salt_seed(cache_salt))
         self.reqs[rid] = req
         self.waiting.append(req)  # the newest arrival sorts last
 
@@ -226,7 +230,8 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.max_running or not self._free_slots:
                 return
             use_cache = not self._poisoned
-            match = self.kv.match(req.tokens[: req.target - 1], ready_before) if use_cache else None
+            match = (self.kv.match(req.tokens[: req.target - 1], ready_before, req.salt)
+                     if use_cache else None)
             if match is not None and match.blocked:
                 continue  # this step computes more of its prefix: next step gets it for free
             self.kv.attach(req, match)

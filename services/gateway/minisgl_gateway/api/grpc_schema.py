@@ -10,7 +10,7 @@ from minisgl_core.proto.minisgl.v1 import common_pb2, generation_pb2, tokenizer_
 
 from minisgl_gateway.agent.registry import Formats
 from minisgl_gateway.api import tool_choice
-from minisgl_gateway.api.job import CHAT_ROLES, Job
+from minisgl_gateway.api.job import CHAT_ROLES, Job, check_cache_salt
 from minisgl_gateway.errors import invalid
 
 
@@ -25,9 +25,11 @@ def job_for(method: str, request: object, formats: Formats) -> Job:
     """The job of one call; `method` says which of the two request messages `request` is."""
     if isinstance(request, Undecodable):
         raise invalid(f"the request is not a valid message: {request.reason}")
-    if method.startswith("Chat"):
-        return chat_job(request, formats)  # type: ignore[arg-type]
-    return generate_job(request)  # type: ignore[arg-type]
+    job = (chat_job(request, formats) if method.startswith("Chat")  # type: ignore[arg-type]
+           else generate_job(request))  # type: ignore[arg-type]
+    # proto3 strings have no "unset": empty means no salt.
+    job.cache_salt = check_cache_salt(getattr(request, "cache_salt", "") or None)
+    return job
 
 
 def generate_job(request: generation_pb2.GenerateRequest) -> Job:
