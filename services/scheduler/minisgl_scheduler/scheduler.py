@@ -1,7 +1,8 @@
 """Continuous batching over a `StepExecutor`: requests in, one planned step at a time, tokens out.
 
-Each `step()` plans a batch (every decoding request plus prefill chunks under the token budget),
-launches it, and collects a step's tokens. With overlap on, step N+1 is launched before step N is
+Each `step()` plans a batch (every decoding request plus prefill chunks under the token budget:
+`--max-prefill-tokens`, or less to meet a step-time target, pacing.py), launches it, and collects
+a step's tokens. With overlap on, step N+1 is launched before step N is
 collected: decode entries carry no input token (the worker feeds back what it sampled), so the plan
 never waits for the previous result. Two consequences are handled here:
 
@@ -38,6 +39,7 @@ from minisgl_scheduler.errors import (
 )
 from minisgl_scheduler.kv import KVManager, pages_for
 from minisgl_scheduler.launched import LaunchedStep, check_output
+from minisgl_scheduler.pacing import PrefillPacer, attention_pairs, resolve_target
 from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent, take_token
 from minisgl_scheduler.request_trace import RequestTraces
 from minisgl_scheduler.stats import SchedulerStats
@@ -73,6 +75,8 @@ class Scheduler:
         self.max_running = min(self.config.max_running_requests, info.max_slots)
         self.eos_ids = frozenset(info.eos_token_ids)
         self._free_slots = list(range(info.max_slots))  # a heap: lowest slot first
+        self.pacer = PrefillPacer(resolve_target(self.config.max_step_ms, info.device),
+                                  self.config.max_prefill_tokens)
         step = self.config.max_prefill_tokens + self.max_running
         if info.tp_size > 1 and 0 < info.two_shot_max_tokens < step:
             log.warning(
@@ -162,6 +166,10 @@ class Scheduler:
     def _plan(self) -> LaunchedStep:
         step = LaunchedStep(StepPlan(self._next_step))
         budget = self.config.max_prefill_tokens
+        if self.pacer.enabled:
+            # Sized for the deepest chunk in progress: chunks further into a prompt cost more.
+            budget = self.pacer.budget(max((r.computed for r in self.running if r.prefilling),
+                                           default=0))
         ps = self.page_size
         for req in list(self.running):  # oldest first: they win when memory is short
             if req.phase is not Phase.RUNNING:
@@ -290,6 +298,9 @@ class Scheduler:
         except Exception as exc:
             self._fail_step(step, exc)
             return
+        if self.pacer.enabled:
+            self.pacer.observe(step.prefill_tokens, attention_pairs(
+                [(c.cache_len, len(c.input_ids)) for c in step.plan.reqs]), out.forward_ms)
         for req in step.reqs:
             req.inflight -= 1
         for i, req in enumerate(step.sampled):
