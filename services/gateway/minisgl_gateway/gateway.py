@@ -95,6 +95,9 @@ class Gateway:
         self._info: ModelInfo | None = None
         self._keys = [k.encode() for k in config.api_keys]
         self._shared_keys = {k.encode() for k in config.cache_shared_keys}
+        if config.cache_salt_per_key and not self._keys:
+            log.warning("--cache-salt-per-key has no effect without --api-key: every request "
+                        "shares the prefix cache unless it sends a cache_salt")
         self.active = 0  # admitted generation requests
         self.draining = False
 
