@@ -2,9 +2,9 @@
 
 Each `step()` plans a batch (every decoding request plus prefill chunks under the token budget:
 `--max-prefill-tokens`, or less to meet a step-time target, pacing.py), launches it, and collects
-a step's tokens. With overlap on, step N+1 is launched before step N is
-collected: decode entries carry no input token (the worker feeds back what it sampled), so the plan
-never waits for the previous result. Two consequences are handled here:
+a step's tokens. With overlap on, step N+1 is launched before step N is collected: decode entries
+carry no input token (the worker feeds back what it sampled), so the plan never waits for the
+previous result. Two consequences are handled here:
 
 * a request that finished in step N may still be in step N+1: that extra token is dropped;
 * a request's pages and slot are released only once no launched step references it.
