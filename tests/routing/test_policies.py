@@ -170,3 +170,19 @@ def test_a_burst_on_one_prefix_fills_its_engine_then_spills() -> None:
     first = picks[0].view
     assert [p.view is first for p in picks] == [True] * 4 + [False] * 4
     assert {p.reason for p in picks[5:]} == {"cache"}  # the spilled copy is followed too
+
+
+def test_cache_aware_matches_only_pages_of_the_same_salt() -> None:
+    """The scheduler names salted pages by hashes chained from the salt's seed: the router hashes
+    a salted prompt the same way, so it predicts hits within a salt and none across salts."""
+    from minisgl_core.prefix_hash import salt_seed
+
+    views = _views(2)
+    prompt = list(range(40))
+    views[1].index = set(page_hashes(prompt, PS, salt_seed("a")))
+    router = Router("cache_aware", balance_threshold=4)
+    d = router.pick(views, prompt, cache_salt="a")
+    assert d.view is views[1] and d.reason == "cache" and d.predicted_tokens == 10 * PS
+    for salt in ("b", ""):
+        d = router.pick(views, prompt, cache_salt=salt)
+        assert d.reason == "load" and d.predicted_tokens == 0

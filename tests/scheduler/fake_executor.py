@@ -48,6 +48,7 @@ class FakeExecutor(StepExecutor):
             model_name="fake", num_pages=num_pages, page_size=page_size,
             max_model_len=max_model_len, max_slots=max_slots, vocab_size=vocab_size,
             eos_token_ids=[eos_id],
+            device="fake",  # not a CPU worker: the scheduler's CPU defaults (step pacing) stay off
         )
         self.eos_every = eos_every  # ~1 in eos_every samples is EOS (0: never)
         self.paranoid = paranoid  # re-verify each request's whole chain every step

@@ -7,7 +7,8 @@
 Keyword arguments named like a `SchedulerConfig` field configure the scheduler; every other one
 goes to the worker's `EngineConfig` (dtype, page size, memory, attention backend, ...). One
 default differs from the services': prompt tokens a step (`max_prefill_tokens`) is
-`OFFLINE_MAX_PREFILL_TOKENS` (16,384, for throughput) rather than 8,192.
+`OFFLINE_MAX_PREFILL_TOKENS` (16,384, for throughput) rather than 8,192, and no step-time target
+caps them (`max_step_ms` 0, also on a CPU: no client stream waits between steps here).
 
 Like the services, a constructed `LLM` freezes the objects alive at that point out of the cyclic
 garbage collector's generations (minisgl_core.gc_pause: full collections walking the model and
@@ -45,6 +46,7 @@ class LLM:
         self.model_path = Path(model_path)
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
         sched_kwargs.setdefault("max_prefill_tokens", OFFLINE_MAX_PREFILL_TOKENS)
+        sched_kwargs.setdefault("max_step_ms", 0.0)
         # TP: the worker's all-reduce buffer covers a step of that many tokens
         kwargs["max_prefill_tokens"] = sched_kwargs["max_prefill_tokens"]
         engine_config = EngineConfig(model_path=str(model_path), **kwargs)

@@ -4,6 +4,10 @@ and a router looks a prompt up (the same function on both sides, so the router's
 Page i's hash covers page i's token ids and page i-1's hash, so equal hashes mean equal prefixes
 (up to a 64-bit collision), as the block hashes of vLLM's and SGLang's KV events do. blake2b is
 stable across processes and Python versions, unlike the built-in `hash`.
+
+A request's cache salt (vLLM's `cache_salt`) starts its chain at `salt_seed(salt)` instead of 0:
+every page hash of a salted prompt differs from the same prompt's under another salt, so neither
+the scheduler's radix tree nor a router ever matches pages across salts.
 """
 
 from __future__ import annotations
@@ -13,6 +17,16 @@ from collections.abc import Sequence
 from hashlib import blake2b
 
 _BYTES = 4  # int32 token ids
+_SALT_PERSON = b"minisgl-salt"  # keeps salt seeds apart from page hashes of the same bytes
+
+
+def salt_seed(salt: str) -> int:
+    """The chain start of a prefix-cache namespace: 0 (the shared one) for "", else a nonzero
+    64-bit hash of the salt."""
+    if not salt:
+        return 0
+    digest = blake2b(salt.encode("utf-8", "surrogatepass"), digest_size=8, person=_SALT_PERSON)
+    return int.from_bytes(digest.digest(), "little") or 1
 
 
 def page_hashes(tokens: Sequence[int], page_size: int, parent: int = 0) -> list[int]:

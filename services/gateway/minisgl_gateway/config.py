@@ -108,6 +108,16 @@ class GatewayConfig:
         default_factory=list, help="accepted API key (repeatable; also "
         "MINISGL_GATEWAY_API_KEYS=k1,k2). None: no auth.", option="--api-key",
         env="MINISGL_GATEWAY_API_KEYS", metavar="KEY")
+    # Tenancy: cached_tokens tells a client how much of its prompt was cached, so with a shared
+    # cache it also tells how much of another tenant's recent prompt a guess matched.
+    cache_salt_per_key: bool = flag(
+        False, "give each API key its own prefix-cache namespace: requests of different keys "
+        "never reuse each other's cached prompt pages (their cached_tokens reveal nothing)")
+    cache_shared_keys: list[str] = flag(
+        default_factory=list, help="API key exempt from --cache-salt-per-key: these keys share "
+        "one namespace, the unsalted one (repeatable; also MINISGL_GATEWAY_CACHE_SHARED_KEYS="
+        "k1,k2)", option="--cache-shared-key", env="MINISGL_GATEWAY_CACHE_SHARED_KEYS",
+        metavar="KEY")
     tls_cert: str = flag("", "PEM certificate: serve HTTPS and gRPC over TLS")
     tls_key: str = flag("", "PEM private key for --tls-cert")
     # Several gateway processes on one host share the HTTP and gRPC ports (SO_REUSEPORT): the

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from hashlib import blake2b
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -93,6 +94,10 @@ class Gateway:
             discovery_interval=config.routing.discovery_interval)
         self._info: ModelInfo | None = None
         self._keys = [k.encode() for k in config.api_keys]
+        self._shared_keys = {k.encode() for k in config.cache_shared_keys}
+        if config.cache_salt_per_key and not self._keys:
+            log.warning("--cache-salt-per-key has no effect without --api-key: every request "
+                        "shares the prefix cache unless it sends a cache_salt")
         self.active = 0  # admitted generation requests
         self.draining = False
 
@@ -164,6 +169,18 @@ class Gateway:
             matched |= hmac.compare_digest(given, k)
         if scheme.lower() != "bearer" or not matched:
             raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
+
+    def cache_salt(self, authorization: str | None, salt: str) -> str:
+        """The prefix-cache namespace of a request with the client's `salt` ("" for none): with
+        --cache-salt-per-key, a hash of its API key (never the key itself) comes first, so two
+        keys never share pages whatever salts their clients pick. Call after `check_key`."""
+        if not self.config.cache_salt_per_key or not self._keys or not authorization:
+            return salt
+        key = authorization.strip().partition(" ")[2].strip().encode("utf-8", "replace")
+        if key in self._shared_keys:
+            return salt
+        tag = blake2b(key, digest_size=16, person=b"minisgl-keysalt").hexdigest()
+        return f"key:{tag}\x00{salt}" if salt else f"key:{tag}"
 
     def check_model(self, name: str) -> None:
         if name and name != self.info.name:

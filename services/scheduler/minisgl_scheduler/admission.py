@@ -39,7 +39,7 @@ def check_request(info: WorkerInfo, input_ids: list[int], params: SamplingParams
 
 
 def new_request(info: WorkerInfo, eos_ids: frozenset[int], rid: int, input_ids: list[int],
-                params: SamplingParams, arrival: int) -> Request:
+                params: SamplingParams, arrival: int, salt: int = 0) -> Request:
     """A checked request as it enters the queue: its stop tokens and its output budget clipped
     to the context window."""
     stop = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_ids)
@@ -47,7 +47,7 @@ def new_request(info: WorkerInfo, eos_ids: frozenset[int], rid: int, input_ids: 
     return Request(
         rid=rid, prompt_len=n, params=params, max_tokens=min(params.max_tokens,
                                                              info.max_model_len - n),
-        stop_ids=frozenset(stop), arrival=arrival, tokens=list(input_ids), target=n,
+        stop_ids=frozenset(stop), arrival=arrival, tokens=list(input_ids), target=n, salt=salt,
     )
 
 
@@ -56,7 +56,8 @@ def waiting_order(waiting: list[Request], cache: RadixCache | None,
     """Arrival order, or with policy "lpm" (and a usable cache, a short enough queue) the
     longest cached prefix first."""
     if config.policy == "lpm" and cache is not None and len(waiting) <= config.lpm_max_queue:
-        hits = {id(r): cache.match(r.tokens[: r.target - 1]).num_pages for r in waiting}
+        hits = {id(r): cache.match(r.tokens[: r.target - 1], salt=r.salt).num_pages
+                for r in waiting}
         return sorted(waiting, key=lambda r: (-hits[id(r)], r.arrival))
     return list(waiting)
 

@@ -26,6 +26,7 @@ class Submit:
     params: SamplingParams
     traceparent: str = ""
     request_id: str = ""
+    cache_salt: str = ""  # prefix-cache namespace ("" shares with every unsalted request)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ the service's own (`SchedulerServiceFlags`); `FLAGS` lists every section of
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -29,6 +30,12 @@ class SchedulerConfig:
         "waiting requests; beyond this, submits are refused as OVERLOADED"))
     max_prefill_tokens: int = flag(DEFAULT_MAX_PREFILL_TOKENS, (
         "prompt tokens computed per step, summed over requests; longer prompts are chunked"))
+    # A step carrying many prompt tokens pauses every decode stream until it ends (pacing.py).
+    max_step_ms: float = flag(-1.0, (
+        "latency target of a step in ms: the prompt tokens of the next step are capped at what "
+        "the worker's measured step times say fits, so decode streams keep flowing while long "
+        "prompts prefill (chunked); 0: off (only --max-prefill-tokens caps them); -1 (auto): "
+        "200 on a CPU worker, off on GPUs"))
     cache: CacheKind = flag("radix", (
         "prefix cache: radix (shared KV pages) or naive (none)"))
     policy: Policy = flag("fcfs", (
@@ -59,6 +66,8 @@ class SchedulerConfig:
             raise ValueError(f"policy must be 'fcfs' or 'lpm', not {self.policy!r}")
         if not 0.0 <= self.decode_reserve_ratio <= 1.0:
             raise ValueError("decode_reserve_ratio must be in [0, 1]")
+        if not math.isfinite(self.max_step_ms):
+            raise ValueError("max_step_ms must be a finite number")
         if self.default_max_tokens < 1:
             raise ValueError("default_max_tokens must be >= 1")
 

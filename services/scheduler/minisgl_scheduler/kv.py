@@ -63,10 +63,10 @@ class KVManager:
 
     # -- prefix cache --------------------------------------------------------------------------
 
-    def match(self, tokens: list[int], ready_before: int) -> MatchResult | None:
+    def match(self, tokens: list[int], ready_before: int, salt: int = 0) -> MatchResult | None:
         if self.cache is None:
             return None
-        return self.cache.match(tokens, ready_before)
+        return self.cache.match(tokens, ready_before, salt)
 
     def attach(self, req: Request, match: MatchResult | None) -> None:
         """Give `req` the matched prefix pages (locked while it runs)."""
@@ -95,9 +95,9 @@ class KVManager:
         if cache is None or n <= req.shared_pages:
             return
         tokens = req.tokens[: n * self.page_size]
-        if cache.match(tokens).num_pages != req.shared_pages:
+        if cache.match(tokens, salt=req.salt).num_pages != req.shared_pages:
             return
-        node, have = cache.insert(tokens, req.pages[:n], ready_step=step_id)
+        node, have = cache.insert(tokens, req.pages[:n], ready_step=step_id, salt=req.salt)
         assert have == req.shared_pages
         cache.lock(node)
         if req.node is not None:
@@ -111,7 +111,7 @@ class KVManager:
         if cache is not None and offer:
             n = min(req.computed, len(req.tokens)) // ps
             if n > req.shared_pages:
-                _, have = cache.insert(req.tokens[: n * ps], req.pages[:n], READY)
+                _, have = cache.insert(req.tokens[: n * ps], req.pages[:n], READY, req.salt)
                 assert have >= req.shared_pages
                 # [shared, have): the tree got the same prefix from someone else; ours are spare.
                 to_free = req.pages[req.shared_pages : have] + req.pages[n:]

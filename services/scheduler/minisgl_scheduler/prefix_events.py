@@ -7,8 +7,8 @@ after the seq they hold, or take a snapshot of the whole tree when they start or
 bounded ring. With no subscriber the hooks return at once and nothing is kept: the log is then
 "broken" on purpose (seq jumps, ring cleared), so a later resume gets a snapshot, never a silent gap.
 
-Pages are named by `minisgl_core.prefix_hash.page_hashes` over the tokens from the root, the same
-names a gateway computes for a prompt.
+Pages are named by `minisgl_core.prefix_hash.page_hashes` over the tokens from the root, chained
+from the request's salt seed, the same names a gateway computes for a prompt with that salt.
 """
 
 from __future__ import annotations
@@ -53,16 +53,16 @@ class PrefixEventLog:
 
     # -- hooks (loop thread, via RadixCache.listener) ------------------------------------------
 
-    def stored(self, tokens: list[int], first_new_page: int) -> None:
+    def stored(self, tokens: list[int], first_new_page: int, salt: int = 0) -> None:
         """`tokens` (whole pages from the root) are cached; pages from `first_new_page` are new."""
         if self.active:
-            for h in page_hashes(tokens, self.page_size)[first_new_page:]:
+            for h in page_hashes(tokens, self.page_size, salt)[first_new_page:]:
                 self._pending[h] = True
 
-    def removed(self, path_tokens: list[int], first_removed_page: int) -> None:
+    def removed(self, path_tokens: list[int], first_removed_page: int, salt: int = 0) -> None:
         """The pages of `path_tokens` (from the root) from `first_removed_page` on were evicted."""
         if self.active:
-            for h in page_hashes(path_tokens, self.page_size)[first_removed_page:]:
+            for h in page_hashes(path_tokens, self.page_size, salt)[first_removed_page:]:
                 self._pending[h] = False
 
     def flush(self) -> None:
@@ -104,7 +104,8 @@ class PrefixEventLog:
         self.flush()
         hashes: list[int] = []
         if cache is not None:
-            stack: list[tuple[Node, int]] = [(c, 0) for c in cache.root.children.values()]
+            # A chain starts at its namespace's seed (0 without a salt).
+            stack: list[tuple[Node, int]] = [(c, c.salt) for c in cache.root.children.values()]
             while stack:
                 node, parent = stack.pop()
                 own = page_hashes(node.tokens, self.page_size, parent)

@@ -9,6 +9,11 @@ first. The tree never frees pages itself: `evict` hands them back to the caller'
 step S are written when step S runs, so only steps after S may read them. `match(ready_before=S)`
 stops at such a node and says so (`blocked`), letting the scheduler wait one step instead of
 computing the same prefix twice.
+
+Cache salts (a request's `cache_salt`, as `minisgl_core.prefix_hash.salt_seed`) split the tree into
+namespaces: every node carries the salt of the requests that made it, and a salted request's edge
+keys include its salt, so a lookup under one salt never reaches a page cached under another. Salt 0
+(no salt) keys edges by tokens alone, as before.
 """
 
 from __future__ import annotations
@@ -23,16 +28,17 @@ READY = -1  # ready_step of pages whose KV is already written
 class CacheListener(Protocol):
     """Told of every page that enters or leaves the tree (prefix_events.PrefixEventLog)."""
 
-    def stored(self, tokens: list[int], first_new_page: int) -> None: ...
+    def stored(self, tokens: list[int], first_new_page: int, salt: int = 0) -> None: ...
 
-    def removed(self, path_tokens: list[int], first_removed_page: int) -> None: ...
+    def removed(self, path_tokens: list[int], first_removed_page: int, salt: int = 0) -> None: ...
 
 
 class Node:
-    __slots__ = ("tokens", "pages", "children", "parent", "ref", "last_access", "ready_step")
+    __slots__ = ("tokens", "pages", "children", "parent", "ref", "last_access", "ready_step",
+                 "salt")
 
     def __init__(self, tokens: list[int], pages: list[int], parent: Node | None,
-                 ready_step: int = READY) -> None:
+                 ready_step: int = READY, salt: int = 0) -> None:
         self.tokens = tokens
         self.pages = pages
         self.children: dict[object, Node] = {}
@@ -40,6 +46,7 @@ class Node:
         self.ref = 0
         self.last_access = 0
         self.ready_step = ready_step
+        self.salt = salt  # the cache namespace: part of the edge key into this node
 
     def __lt__(self, other: Node) -> bool:  # heap order for LRU eviction
         return self.last_access < other.last_access
@@ -68,10 +75,11 @@ class RadixCache:
 
     # -- lookup -------------------------------------------------------------------------------
 
-    def _key(self, tokens: list[int], offset: int) -> object:
-        if self.page_size == 1:
-            return tokens[offset]
-        return tuple(tokens[offset : offset + self.page_size])
+    def _key(self, tokens: list[int], offset: int, salt: int) -> object:
+        page: object = (tokens[offset] if self.page_size == 1
+                        else tuple(tokens[offset : offset + self.page_size]))
+        # A (salt, page) pair never equals an unsalted key (an int or a tuple of ints).
+        return (salt, page) if salt else page
 
     def _common_pages(self, node: Node, tokens: list[int], offset: int) -> int:
         """Whole pages that `node` shares with `tokens[offset:]` (the first page is known equal)."""
@@ -90,23 +98,25 @@ class RadixCache:
         ps = self.page_size
         parent = node.parent
         assert parent is not None and 0 < k < len(node.pages)
-        upper = Node(node.tokens[: k * ps], node.pages[:k], parent, node.ready_step)
+        upper = Node(node.tokens[: k * ps], node.pages[:k], parent, node.ready_step, node.salt)
         upper.ref = node.ref
         upper.last_access = node.last_access
-        parent.children[self._key(node.tokens, 0)] = upper
+        parent.children[self._key(node.tokens, 0, node.salt)] = upper
         node.tokens = node.tokens[k * ps :]
         node.pages = node.pages[k:]
         node.parent = upper
-        upper.children[self._key(node.tokens, 0)] = node
+        upper.children[self._key(node.tokens, 0, node.salt)] = node
         return upper
 
-    def match(self, tokens: list[int], ready_before: int | None = None) -> MatchResult:
-        """Longest cached prefix of `tokens` in whole pages (nodes split at the match end)."""
+    def match(self, tokens: list[int], ready_before: int | None = None,
+              salt: int = 0) -> MatchResult:
+        """Longest prefix of `tokens` cached under `salt`, in whole pages (nodes split at the
+        match end)."""
         self._clock += 1
         node, offset, pages = self.root, 0, list[int]()
         ps = self.page_size
         while len(tokens) - offset >= ps:
-            child = node.children.get(self._key(tokens, offset))
+            child = node.children.get(self._key(tokens, offset, salt))
             if child is None:
                 break
             if ready_before is not None and child.ready_step >= ready_before:
@@ -138,9 +148,9 @@ class RadixCache:
                 self.evictable_pages += len(node.pages)
             node = node.parent  # type: ignore[assignment]  # None only past the root
 
-    def insert(self, tokens: list[int], pages: list[int],
-               ready_step: int = READY) -> tuple[Node, int]:
-        """Cache `pages` (one per page of `tokens`, whole pages only).
+    def insert(self, tokens: list[int], pages: list[int], ready_step: int = READY,
+               salt: int = 0) -> tuple[Node, int]:
+        """Cache `pages` (one per page of `tokens`, whole pages only) under `salt`.
 
         Returns the node that ends the prefix and how many leading pages the tree already had:
         the caller's pages from that index on now belong to the tree; the caller's pages before it
@@ -149,18 +159,18 @@ class RadixCache:
         ps = self.page_size
         if len(tokens) != len(pages) * ps:
             raise ValueError("insert takes whole pages: len(tokens) == len(pages) * page_size")
-        found = self.match(tokens)
+        found = self.match(tokens, salt=salt)
         have = found.num_pages
         node = found.node
         if have < len(pages):
-            new = Node(tokens[have * ps :], pages[have:], node, ready_step)
+            new = Node(tokens[have * ps :], pages[have:], node, ready_step, salt)
             new.last_access = self._clock
-            node.children[self._key(new.tokens, 0)] = new
+            node.children[self._key(new.tokens, 0, salt)] = new
             self.total_pages += len(new.pages)
             self.evictable_pages += len(new.pages)
             node = new
             if self.listener is not None:
-                self.listener.stored(tokens, have)
+                self.listener.stored(tokens, have, salt)
         return node, have
 
     def evict(self, n: int) -> list[int]:
@@ -183,7 +193,7 @@ class RadixCache:
             out.extend(node.pages)
             parent = node.parent
             assert parent is not None
-            del parent.children[self._key(node.tokens, 0)]
+            del parent.children[self._key(node.tokens, 0, node.salt)]
             node.parent = None
             if parent is not self.root and not parent.children and parent.ref == 0:
                 heapq.heappush(heap, parent)
@@ -198,7 +208,7 @@ class RadixCache:
             chunks.append(up.tokens)
             up = up.parent
         path = [t for chunk in reversed(chunks) for t in chunk]
-        listener.removed(path, len(path) // self.page_size - (len(node.pages) - keep))
+        listener.removed(path, len(path) // self.page_size - (len(node.pages) - keep), node.salt)
 
     def evict_all(self) -> list[int]:
         return self.evict(self.evictable_pages)
@@ -224,7 +234,9 @@ class RadixCache:
             assert len(node.tokens) == len(node.pages) * self.page_size, "tokens/pages mismatch"
             assert node.ref >= 0, "negative ref count"
             parent = node.parent
-            assert parent is not None and parent.children.get(self._key(node.tokens, 0)) is node
+            assert parent is not None
+            assert parent.children.get(self._key(node.tokens, 0, node.salt)) is node
+            assert parent is self.root or parent.salt == node.salt, "salts mixed on a path"
             assert parent is self.root or parent.ref >= node.ref, "child locked without parent"
             total += len(node.pages)
             evictable += len(node.pages) if node.ref == 0 else 0

@@ -47,6 +47,7 @@ class Request:
     arrival: int  # admission order; lower is higher priority when memory runs short
     tokens: list[int]  # prompt + every output token received so far
     phase: Phase = Phase.WAITING
+    salt: int = 0  # prefix-cache namespace (prefix_hash.salt_seed of its cache_salt; 0: shared)
 
     # Placement on the worker (valid while RUNNING and until released).
     slot: int = -1

@@ -1,9 +1,10 @@
 """Continuous batching over a `StepExecutor`: requests in, one planned step at a time, tokens out.
 
-Each `step()` plans a batch (every decoding request plus prefill chunks under the token budget),
-launches it, and collects a step's tokens. With overlap on, step N+1 is launched before step N is
-collected: decode entries carry no input token (the worker feeds back what it sampled), so the plan
-never waits for the previous result. Two consequences are handled here:
+Each `step()` plans a batch (every decoding request plus prefill chunks under the token budget:
+`--max-prefill-tokens`, or less to meet a step-time target, pacing.py), launches it, and collects
+a step's tokens. With overlap on, step N+1 is launched before step N is collected: decode entries
+carry no input token (the worker feeds back what it sampled), so the plan never waits for the
+previous result. Two consequences are handled here:
 
 * a request that finished in step N may still be in step N+1: that extra token is dropped;
 * a request's pages and slot are released only once no launched step references it.
@@ -23,6 +24,7 @@ import heapq
 import logging
 from collections import deque
 
+from minisgl_core.prefix_hash import salt_seed
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import StepExecutor, StepPlan, WorkerInfo
 
@@ -37,6 +39,7 @@ from minisgl_scheduler.errors import (
 )
 from minisgl_scheduler.kv import KVManager, pages_for
 from minisgl_scheduler.launched import LaunchedStep, check_output
+from minisgl_scheduler.pacing import PrefillPacer, attention_pairs, resolve_target
 from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent, take_token
 from minisgl_scheduler.request_trace import RequestTraces
 from minisgl_scheduler.stats import SchedulerStats
@@ -72,6 +75,8 @@ class Scheduler:
         self.max_running = min(self.config.max_running_requests, info.max_slots)
         self.eos_ids = frozenset(info.eos_token_ids)
         self._free_slots = list(range(info.max_slots))  # a heap: lowest slot first
+        self.pacer = PrefillPacer(resolve_target(self.config.max_step_ms, info.device),
+                                  self.config.max_prefill_tokens)
         step = self.config.max_prefill_tokens + self.max_running
         if info.tp_size > 1 and 0 < info.two_shot_max_tokens < step:
             log.warning(
@@ -83,8 +88,10 @@ class Scheduler:
 
     # -- public API ----------------------------------------------------------------------------
 
-    def submit(self, rid: int, input_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raises a SchedulerError subclass when it is refused."""
+    def submit(self, rid: int, input_ids: list[int], params: SamplingParams,
+               cache_salt: str = "") -> None:
+        """Queue a request; raises a SchedulerError subclass when it is refused. Its prompt
+        shares cached prefix pages only with requests of the same `cache_salt`."""
         if rid in self.reqs:
             raise InvalidRequest(f"request id {rid} is already in use")
         check_request(self.info, input_ids, params)
@@ -93,7 +100,8 @@ class Scheduler:
                 f"the scheduler queue is full ({len(self.waiting)} waiting requests); retry later"
             )
         self._arrivals += 1
-        req = new_request(self.info, self.eos_ids, rid, input_ids, params, self._arrivals)
+        req = new_request(self.info, self.eos_ids, rid, input_ids, params, self._arrivals,
+                          salt_seed(cache_salt))
         self.reqs[rid] = req
         self.waiting.append(req)  # the newest arrival sorts last
 
@@ -158,6 +166,10 @@ class Scheduler:
     def _plan(self) -> LaunchedStep:
         step = LaunchedStep(StepPlan(self._next_step))
         budget = self.config.max_prefill_tokens
+        if self.pacer.enabled:
+            # Sized for the deepest chunk in progress: chunks further into a prompt cost more.
+            budget = self.pacer.budget(max((r.computed for r in self.running if r.prefilling),
+                                           default=0))
         ps = self.page_size
         for req in list(self.running):  # oldest first: they win when memory is short
             if req.phase is not Phase.RUNNING:
@@ -226,7 +238,8 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.max_running or not self._free_slots:
                 return
             use_cache = not self._poisoned
-            match = self.kv.match(req.tokens[: req.target - 1], ready_before) if use_cache else None
+            match = (self.kv.match(req.tokens[: req.target - 1], ready_before, req.salt)
+                     if use_cache else None)
             if match is not None and match.blocked:
                 continue  # this step computes more of its prefix: next step gets it for free
             self.kv.attach(req, match)
@@ -285,6 +298,9 @@ class Scheduler:
         except Exception as exc:
             self._fail_step(step, exc)
             return
+        if self.pacer.enabled:
+            self.pacer.observe(step.prefill_tokens, attention_pairs(
+                [(c.cache_len, len(c.input_ids)) for c in step.plan.reqs]), out.forward_ms)
         for req in step.reqs:
             req.inflight -= 1
         for i, req in enumerate(step.sampled):

@@ -108,7 +108,7 @@ class Generation:
                     sampling.seed = choice_seed(job.sampling.seed, j)
                 self._seqs.append(gw.pipeline.submit(ids, sampling, job.stop, p * job.n + j,
                                                      self._sink, job.session, trace_ctx,
-                                                     request_id))
+                                                     request_id, job.cache_salt))
 
     async def chunks(self) -> AsyncIterator[list[ChoiceChunk]]:
         """Chunks as they come, several choices per item; raises ApiError if a choice fails."""

@@ -13,7 +13,7 @@ from minisgl_core.proto.minisgl.v1 import common_pb2, generation_pb2, tokenizer_
 
 from minisgl_gateway.agent.registry import Formats
 from minisgl_gateway.api import tool_choice
-from minisgl_gateway.api.job import CHAT_ROLES, Job
+from minisgl_gateway.api.job import CHAT_ROLES, Job, check_cache_salt
 from minisgl_gateway.api.json_body import parse_json_field, string_limit
 from minisgl_gateway.errors import invalid
 
@@ -30,9 +30,11 @@ def job_for(method: str, request: object, formats: Formats, max_items: int = 0) 
     `max_items` > 0 (the context window): the bounds above."""
     if isinstance(request, Undecodable):
         raise invalid(f"the request is not a valid message: {request.reason}")
-    if method.startswith("Chat"):
-        return chat_job(request, formats, max_items)  # type: ignore[arg-type]
-    return generate_job(request, max_items)  # type: ignore[arg-type]
+    job = (chat_job(request, formats, max_items)  # type: ignore[arg-type]
+           if method.startswith("Chat") else generate_job(request, max_items))  # type: ignore[arg-type]
+    # proto3 strings have no "unset": empty means no salt.
+    job.cache_salt = check_cache_salt(getattr(request, "cache_salt", "") or None)
+    return job
 
 
 def _count(items: Sized, param: str, max_items: int) -> None:

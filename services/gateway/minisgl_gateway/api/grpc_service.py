@@ -116,6 +116,11 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         value = metadata.get("authorization")
         self.gateway.check_key(value if isinstance(value, str) else None)
 
+    def _salt(self, context: grpc.aio.ServicerContext, salt: str) -> str:
+        metadata = {k: v for k, v in (context.invocation_metadata() or ())}
+        value = metadata.get("authorization")
+        return self.gateway.cache_salt(value if isinstance(value, str) else None, salt)
+
     async def _abort(self, context: grpc.aio.ServicerContext, method: str,
                      err: ApiError) -> None:
         metrics.GRPC_REQUESTS.labels(method, err.grpc_code.name).inc()
@@ -177,6 +182,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         async with self._call(method, context, request) as held:
             job = await self._job(method, request, large)
             job.session = _session(context) or job.user
+            job.cache_salt = self._salt(context, job.cache_salt)
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)
                 held.append(gen)
@@ -197,6 +203,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         async with self._call(method, context, request) as held:
             job = await self._job(method, request, large)
             job.session = _session(context) or job.user
+            job.cache_salt = self._salt(context, job.cache_salt)
             request_id = REQUEST_ID.get() or secrets.token_hex(12)
             with self.gateway.admit():
                 gen = Generation(self.gateway, job)

@@ -291,6 +291,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         job, stream, include_usage = await parse_request(
             endpoint, raw, gateway.info.formats, context)  # type: ignore[arg-type]
         job.session = request.headers.get("x-session-id") or job.session
+        job.cache_salt = gateway.cache_salt(request.headers.get("authorization"), job.cache_salt)
         return GenerationResponse(gateway, job, stream, include_usage)
 
     @app.post("/v1/chat/completions", response_model=None)

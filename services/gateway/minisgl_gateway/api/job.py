@@ -42,6 +42,9 @@ class Job:
     grammar_param: str = ""  # the request field the grammar came from (errors name it)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
     session: str = ""  # sticky-routing key: OpenAI `user`, or the x-session-id header
+    # Prefix-cache namespace (vLLM's cache_salt, plus the API key's with --cache-salt-per-key):
+    # only requests with equal salts reuse each other's cached prompt pages.
+    cache_salt: str = ""
 
     @property
     def num_choices(self) -> int:
@@ -135,6 +138,21 @@ def check_grammar(job: Job) -> None:
         from minisgl_gateway.api.structured import validate
 
         validate(job.sampling.grammar, job.grammar_param)
+
+
+MAX_CACHE_SALT_LEN = 256
+
+
+def check_cache_salt(salt: str | None, param: str = "cache_salt") -> str:
+    """The client's salt ("" when absent); an empty string would silently share, so it is an
+    error, as in vLLM."""
+    if salt is None:
+        return ""
+    if not salt:
+        raise invalid("cache_salt must be a non-empty string", param=param)
+    if len(salt) > MAX_CACHE_SALT_LEN:
+        raise invalid(f"cache_salt must be at most {MAX_CACHE_SALT_LEN} characters", param=param)
+    return salt
 
 
 def resolve_max_tokens(job: Job, prompt_len: int, max_model_len: int, limits: Limits) -> int:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from minisgl_gateway.agent.registry import Formats
 from minisgl_gateway.api import structured, tool_choice
-from minisgl_gateway.api.job import CHAT_ROLES, INT32_MAX, Job, require_int
+from minisgl_gateway.api.job import CHAT_ROLES, INT32_MAX, Job, check_cache_salt, require_int
 from minisgl_gateway.api.json_body import parse_json
 from minisgl_gateway.errors import ApiError, invalid
 
@@ -64,6 +64,7 @@ class _Common(BaseModel):
     spaces_between_special_tokens: bool | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    cache_salt: str | None = None  # vLLM's: a prefix-cache namespace
     stream: bool | None = None
     stream_options: StreamOptions | None = None
 
@@ -322,6 +323,7 @@ def build_job(endpoint: Endpoint, payload: Any, formats: Formats
     stream, include_usage = stream_flags(body)
     job.continuous_usage = bool(stream and body.stream_options
                                 and body.stream_options.continuous_usage_stats)
+    job.cache_salt = check_cache_salt(body.cache_salt)
     return job, stream, include_usage, body.user
 
 

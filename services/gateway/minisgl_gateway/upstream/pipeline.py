@@ -83,16 +83,19 @@ class Pipeline:
 
     def submit(self, input_ids: list[int], sampling: common_pb2.SamplingParams,
                stop: common_pb2.StopConditions, index: int, sink: EventSink,
-               session: str = "", traceparent: str = "", request_id: str = "") -> Sequence:
+               session: str = "", traceparent: str = "", request_id: str = "",
+               cache_salt: str = "") -> Sequence:
         """Route one sequence to an engine; it goes out with that engine's next ConnectRequest.
-        `traceparent` / `request_id` travel with it to the scheduler and the detokenizer."""
+        `traceparent` / `request_id` travel with it to the scheduler and the detokenizer;
+        `cache_salt` to the scheduler (its prefix-cache namespace) and the router."""
         if not self.detok.ready:
             raise unavailable("the detokenizer connection is down; retry shortly",
                               self._retry_after)
         seq = Sequence(rid=self._new_rid(), index=index, sink=sink, stop=stop, session=session,
                        traceparent=traceparent, request_id=request_id)
         seq.item = scheduler_pb2.SubmitItem(rid=seq.rid, input_ids=input_ids, sampling=sampling,
-                                            traceparent=traceparent, request_id=request_id)
+                                            traceparent=traceparent, request_id=request_id,
+                                            cache_salt=cache_salt)
         if not self._route(seq, exclude=None, reason=""):
             raise unavailable("no engine is available (all down or draining); retry shortly",
                               self._retry_after)
@@ -138,7 +141,8 @@ class Pipeline:
             link.view.inflight = len(link.live)
         item = seq.item
         assert item is not None
-        decision = self.router.pick([e.view for e in usable], item.input_ids, seq.session)
+        decision = self.router.pick([e.view for e in usable], item.input_ids, seq.session,
+                                    item.cache_salt)
         link = self.links[decision.view.address]
         policy = self.router.policy
         metrics.ROUTED.labels(link.address, policy, reason or decision.reason).inc()

@@ -13,6 +13,8 @@ costs one prefill.
 sticky: a session key (OpenAI `user`, or the x-session-id header) picks its engine by rendezvous
 hashing over the usable engines, so a session keeps its engine while the set is stable and only
 the sessions of an engine that leaves move; the same balance threshold applies.
+A request's cache salt seeds its page hashes as the scheduler's events do (prefix_hash.salt_seed):
+a salted prompt matches only pages cached under the same salt.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 
-from minisgl_core.prefix_hash import page_hashes
+from minisgl_core.prefix_hash import page_hashes, salt_seed
 
 from minisgl_gateway.upstream.engine_view import EngineView
 
@@ -55,7 +57,7 @@ class Router:
         self._ties = itertools.count()  # which of equally loaded engines comes first
 
     def pick(self, views: Sequence[EngineView], input_ids: Sequence[int],
-             session: str = "") -> Decision:
+             session: str = "", cache_salt: str = "") -> Decision:
         """One of `views` (non-empty, all usable); records the choice on the view."""
         if not views:
             raise ValueError("no engine to route to")
@@ -64,13 +66,14 @@ class Router:
             return Decision(views[0], 0, "only")
         now = time.monotonic()
         hashes: dict[int, list[int]] = {}  # per page size (engines of one model agree)
+        seed = salt_seed(cache_salt)
 
         def hashes_for(view: EngineView) -> list[int]:
             if not view.page_size:
                 return []
             got = hashes.get(view.page_size)
             if got is None:
-                got = hashes[view.page_size] = page_hashes(input_ids, view.page_size)
+                got = hashes[view.page_size] = page_hashes(input_ids, view.page_size, seed)
             return got
 
         decision = self._decide(views, hashes_for, session, now)
