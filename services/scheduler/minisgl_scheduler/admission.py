@@ -38,15 +38,34 @@ def check_request(info: WorkerInfo, input_ids: list[int], params: SamplingParams
         raise InvalidRequest(str(exc)) from None
 
 
+def resume_split(input_ids: list[int], params: SamplingParams, num_prompt_tokens: int) -> int:
+    """The prompt length of a submitted request: all of `input_ids`, or for a resumed one its
+    first `num_prompt_tokens` (the rest are outputs made before, which count toward max_tokens).
+    Raises InvalidRequest when the split is impossible or nothing is left to generate."""
+    n = len(input_ids)
+    if num_prompt_tokens <= 0:
+        return n
+    if num_prompt_tokens > n:
+        raise InvalidRequest(f"num_prompt_tokens {num_prompt_tokens} exceeds the {n} input tokens")
+    if n - num_prompt_tokens >= params.max_tokens:
+        raise InvalidRequest(f"the request already has {n - num_prompt_tokens} of its "
+                             f"{params.max_tokens} output tokens; nothing is left to generate")
+    return num_prompt_tokens
+
+
 def new_request(info: WorkerInfo, eos_ids: frozenset[int], rid: int, input_ids: list[int],
-                params: SamplingParams, arrival: int, salt: int = 0) -> Request:
+                params: SamplingParams, arrival: int, salt: int = 0,
+                prompt_len: int | None = None) -> Request:
     """A checked request as it enters the queue: its stop tokens and its output budget clipped
-    to the context window."""
+    to the context window. `prompt_len` < len(input_ids): a resumed request, whose trailing
+    inputs are outputs already made; the window and max_tokens count from the prompt, so it
+    ends at the same total length as it would have without the move."""
     stop = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_ids)
     n = len(input_ids)
+    p = n if prompt_len is None else prompt_len
     return Request(
-        rid=rid, prompt_len=n, params=params, max_tokens=min(params.max_tokens,
-                                                             info.max_model_len - n),
+        rid=rid, prompt_len=p, params=params, max_tokens=min(params.max_tokens,
+                                                             info.max_model_len - p),
         stop_ids=frozenset(stop), arrival=arrival, tokens=list(input_ids), target=n, salt=salt,
     )
 

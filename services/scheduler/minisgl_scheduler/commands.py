@@ -27,6 +27,9 @@ class Submit:
     traceparent: str = ""
     request_id: str = ""
     cache_salt: str = ""  # prefix-cache namespace ("" shares with every unsalted request)
+    # A resumed request: input_ids[:num_prompt_tokens] is the prompt, the rest earlier outputs
+    # (0: all prompt).
+    num_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

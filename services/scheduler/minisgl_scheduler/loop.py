@@ -178,13 +178,15 @@ class SchedulerLoop:
             if item.rid in conn.rids:
                 raise SchedulerError(f"request id {item.rid} is already live on this connection",
                                      ErrorCode.INVALID_ARGUMENT)
-            self.sched.submit(rid, item.input_ids, item.params, item.cache_salt)
+            self.sched.submit(rid, item.input_ids, item.params, item.cache_salt,
+                              item.num_prompt_tokens)
             if item.traceparent or item.request_id:
                 self.sched.traces.add(self.sched.reqs[rid], item.traceparent, item.request_id)
         except SchedulerError as exc:
             out[conn].append(scheduler_pb2.TokenUpdate(
                 rid=item.rid, finish_reason=common_pb2.FINISH_REASON_ERROR,
-                error=error_to_proto(exc), prompt_tokens=len(item.input_ids)))
+                error=error_to_proto(exc),
+                prompt_tokens=item.num_prompt_tokens or len(item.input_ids)))
             if self.clock:
                 self.clock.refused()
             return

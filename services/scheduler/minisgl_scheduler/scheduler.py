@@ -28,7 +28,13 @@ from minisgl_core.prefix_hash import salt_seed
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import StepExecutor, StepPlan, WorkerInfo
 
-from minisgl_scheduler.admission import check_request, new_request, reserve_pages, waiting_order
+from minisgl_scheduler.admission import (
+    check_request,
+    new_request,
+    reserve_pages,
+    resume_split,
+    waiting_order,
+)
 from minisgl_scheduler.config import SchedulerConfig
 from minisgl_scheduler.errors import (
     ErrorCode,
@@ -89,19 +95,22 @@ class Scheduler:
     # -- public API ----------------------------------------------------------------------------
 
     def submit(self, rid: int, input_ids: list[int], params: SamplingParams,
-               cache_salt: str = "") -> None:
+               cache_salt: str = "", num_prompt_tokens: int = 0) -> None:
         """Queue a request; raises a SchedulerError subclass when it is refused. Its prompt
-        shares cached prefix pages only with requests of the same `cache_salt`."""
+        shares cached prefix pages only with requests of the same `cache_salt`.
+        `num_prompt_tokens` > 0: a resumed request whose input_ids end with outputs it already
+        made elsewhere; it continues as a preempted request would (see `resume_split`)."""
         if rid in self.reqs:
             raise InvalidRequest(f"request id {rid} is already in use")
         check_request(self.info, input_ids, params)
+        prompt_len = resume_split(input_ids, params, num_prompt_tokens)
         if len(self.waiting) >= self.config.max_queued_requests:
             raise Overloaded(
                 f"the scheduler queue is full ({len(self.waiting)} waiting requests); retry later"
             )
         self._arrivals += 1
         req = new_request(self.info, self.eos_ids, rid, input_ids, params, self._arrivals,
-                          salt_seed(cache_salt))
+                          salt_seed(cache_salt), prompt_len)
         self.reqs[rid] = req
         self.waiting.append(req)  # the newest arrival sorts last
 
