@@ -74,6 +74,14 @@ class Routing:
     sticky_sessions: bool = flag(
         False, "route requests with a session key (OpenAI `user`, header x-session-id) to the "
         "same engine while it is not overloaded")
+    # mid-stream migration (upstream/migration.py)
+    migration_attempts: int = flag(
+        2, "times a sequence whose engine is lost after its first tokens moves to another "
+        "engine (or the same one once back), continuing its stream; 0: it fails instead. "
+        "Sampled requests without a seed get one from the gateway so that they resume "
+        "identically")
+    migration_wait: float = flag(
+        10.0, "seconds a sequence being migrated waits for an engine to take it before it fails")
     # re-resolving dns:/// and file:// targets
     discovery_interval: float = flag(
         DEFAULT_INTERVAL_S, "seconds between re-resolutions of a dns:/// or file:// --scheduler")

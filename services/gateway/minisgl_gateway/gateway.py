@@ -34,6 +34,7 @@ from minisgl_gateway.errors import (
 )
 from minisgl_gateway.errors import unavailable as unavailable_error
 from minisgl_gateway.request_context import upstream_metadata
+from minisgl_gateway.upstream.migration import MigrationPolicy
 from minisgl_gateway.upstream.pipeline import Pipeline
 from minisgl_gateway.upstream.routing import Router
 
@@ -91,7 +92,9 @@ class Gateway:
             config.scheduler, self._channels["detokenizer"],
             channel_for=lambda target: aio_channel(target, GRPC_OPTIONS, security),
             retry_after=self.limits.retry_after_s, router=router,
-            discovery_interval=config.routing.discovery_interval)
+            discovery_interval=config.routing.discovery_interval,
+            migration=MigrationPolicy(config.routing.migration_attempts,
+                                      config.routing.migration_wait))
         self._info: ModelInfo | None = None
         self._keys = [k.encode() for k in config.api_keys]
         self._shared_keys = {k.encode() for k in config.cache_shared_keys}

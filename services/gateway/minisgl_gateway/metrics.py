@@ -86,5 +86,8 @@ REPORTED_CACHED = counter("gateway_reported_cached_tokens_total", "prompt tokens
 RETRIES = counter("gateway_retries_total", "sequences moved to another engine before their first "
                   "token because theirs failed or was draining (label: the engine left)",
                   ("engine",))
+MIGRATIONS = counter("gateway_migrations_total", "sequences with tokens whose engine was lost, by "
+                     "outcome (resumed: continued on an engine; failed: no engine took it within "
+                     "--migration-wait or --migration-attempts were used up)", ("outcome",))
 ENGINE_UP = gauge("gateway_engine_up", "1 while the engine takes new requests from this gateway "
                   "(stream open, not draining)", ("engine",))

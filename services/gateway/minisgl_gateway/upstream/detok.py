@@ -106,6 +106,7 @@ class Detokenizing:
                     batch.append((seq, None))
                 continue
             token_ids = update.token_ids
+            seq.outputs.extend(token_ids)
             if seq.detok_started:
                 add(rid=rid, token_ids=token_ids, finished=finished)
             elif token_ids:

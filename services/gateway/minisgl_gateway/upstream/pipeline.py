@@ -9,14 +9,17 @@ discovery (a static list, DNS or a file, re-resolved); new ones are used once th
 open, vanished ones take no new sequences and are closed when their last one ends.
 
 When an engine's stream breaks, its sequences that have not produced a token yet are submitted
-once more to another engine (also when a draining engine refuses them); the others get an error
-event at once. Nothing waits forever.
+once more to another engine (also when a draining engine refuses them). Those with tokens are
+migrated (migration.py): resubmitted with their outputs so far to another engine, or parked until
+one takes them (the same engine once it is back), up to the policy's attempts and wait; past
+those they get an error event. Nothing waits forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -26,9 +29,10 @@ import grpc
 from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2
 
 from minisgl_gateway import metrics
-from minisgl_gateway.errors import unavailable
+from minisgl_gateway.errors import ApiError, unavailable
 from minisgl_gateway.upstream.detok import Detokenizing, DetokHooks
 from minisgl_gateway.upstream.discovery import DEFAULT_INTERVAL_S, Discovery
+from minisgl_gateway.upstream.migration import MigrationPolicy, fix_seed, resume_item
 from minisgl_gateway.upstream.routing import Router
 from minisgl_gateway.upstream.scheduler_link import LinkHooks, SchedulerLink
 from minisgl_gateway.upstream.sequence import EventSink, Sequence, StepEvent, Upstream
@@ -45,13 +49,18 @@ class Pipeline:
     def __init__(self, scheduler: str, detokenizer: grpc.aio.Channel,
                  channel_for: Callable[[str], grpc.aio.Channel], retry_after: int = 1,
                  router: Router | None = None,
-                 discovery_interval: float = DEFAULT_INTERVAL_S) -> None:
+                 discovery_interval: float = DEFAULT_INTERVAL_S,
+                 migration: MigrationPolicy | None = None) -> None:
         self._discovery = Discovery(scheduler)
         self._discovery_interval = discovery_interval
         self._channel_for = channel_for
         self._retry_after = retry_after
         self.router = router or Router()
         self.links: dict[str, SchedulerLink] = {}  # by address: one per engine
+        self.migration = migration or MigrationPolicy()
+        # Sequences being migrated that no engine has taken yet: rid -> (sequence, give-up time,
+        # the loss it ends with then).
+        self.parked: dict[int, tuple[Sequence, float, ApiError]] = {}
         self._link_hooks = LinkHooks(on_step=self._on_step, on_lost=self._on_lost)
         self.detok = Detokenizing(detokenizer, DetokHooks(abort=self._abort, retry=self._retry),
                                   retry_after)
@@ -73,7 +82,7 @@ class Pipeline:
 
     @property
     def live(self) -> int:
-        return sum(len(e.live) for e in self.links.values())
+        return sum(len(e.live) for e in self.links.values()) + len(self.parked)
 
     async def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -96,6 +105,8 @@ class Pipeline:
         seq.item = scheduler_pb2.SubmitItem(rid=seq.rid, input_ids=input_ids, sampling=sampling,
                                             traceparent=traceparent, request_id=request_id,
                                             cache_salt=cache_salt)
+        if self.migration.enabled:
+            fix_seed(seq.item.sampling)
         if not self._route(seq, exclude=None, reason=""):
             raise unavailable("no engine is available (all down or draining); retry shortly",
                               self._retry_after)
@@ -124,22 +135,29 @@ class Pipeline:
                 seq.end(StepEvent(index=seq.index, finish_reason="error", error=error))
             link.live.clear()
             await link.close()
+        for seq, _, _ in self.parked.values():
+            seq.end(StepEvent(index=seq.index, finish_reason="error", error=error))
+        self.parked.clear()
 
     # -- routing and failover ----------------------------------------------------------------
 
     def _new_rid(self) -> int:
         while True:
             rid = secrets.randbits(63)
-            if rid and not any(rid in e.live for e in self.links.values()):
+            if rid and rid not in self.parked and not any(rid in e.live
+                                                          for e in self.links.values()):
                 return rid
 
-    def _route(self, seq: Sequence, exclude: Upstream | None, reason: str) -> bool:
+    def _route(self, seq: Sequence, exclude: Upstream | None, reason: str,
+               resumed: scheduler_pb2.SubmitItem | None = None) -> bool:
+        """Submit `seq` (or its `resumed` continuation) to a usable engine other than
+        `exclude`; False when there is none."""
         usable = [e for e in self.links.values() if e.view.usable and e is not exclude]
         if not usable:
             return False
         for link in usable:
             link.view.inflight = len(link.live)
-        item = seq.item
+        item = resumed or seq.item
         assert item is not None
         decision = self.router.pick([e.view for e in usable], item.input_ids, seq.session,
                                     item.cache_salt)
@@ -162,14 +180,64 @@ class Pipeline:
             metrics.RETRIES.labels(failed.address).inc()
         return True
 
+    def _migrate(self, seq: Sequence, failed: SchedulerLink, error: ApiError) -> bool:
+        """Continue a sequence that has tokens elsewhere (or park it until an engine can take
+        it); False when it may not move again."""
+        policy = self.migration
+        if not policy.enabled or seq.done or not seq.detok_started:
+            return False
+        if seq.migrations >= policy.attempts:
+            metrics.MIGRATIONS.labels("failed").inc()
+            return False
+        seq.migrations += 1
+        seq.link = None
+        if not self._resume(seq, exclude=failed):
+            self.parked[seq.rid] = (seq, time.monotonic() + policy.wait_s, error)
+        return True
+
+    def _resume(self, seq: Sequence, exclude: Upstream | None) -> bool:
+        assert seq.item is not None
+        if not self._route(seq, exclude, "migrate", resume_item(seq.item, seq.outputs)):
+            return False
+        metrics.MIGRATIONS.labels("resumed").inc()
+        return True
+
+    def _place_parked(self, now: float) -> None:
+        """Parked sequences go to an engine as soon as one is usable; past their wait they fail
+        (after the detokenizer has answered for their earlier tokens)."""
+        expired: list[tuple[Sequence, ApiError]] = []
+        for rid, (seq, deadline, error) in list(self.parked.items()):
+            if seq.done:  # the client went away meanwhile: only its detokenizer state is left
+                del self.parked[rid]
+                self.detok.flush([seq])
+            elif self._resume(seq, exclude=None):
+                del self.parked[rid]
+            elif now >= deadline:
+                del self.parked[rid]
+                expired.append((seq, error))
+        if expired:
+            metrics.MIGRATIONS.labels("failed").inc(len(expired))
+            log.warning("%d sequences found no engine within %.1fs; failing them",
+                        len(expired), self.migration.wait_s)
+        for seq, error in expired:
+            self._strand([seq], [seq], dataclasses.replace(
+                error, message=f"{error.message}; no engine took the stream over within "
+                f"{self.migration.wait_s:g}s"))
+
     def _on_lost(self, link: SchedulerLink, seqs: list[Sequence], reason: str) -> None:
         error = unavailable(f"lost the connection to the scheduler at {link.address} "
                             f"({reason})", self._retry_after)
-        stranded = [seq for seq in seqs if not self._retry(seq)]
+        stranded = [seq for seq in seqs
+                    if not self._retry(seq) and not self._migrate(seq, link, error)]
         if len(stranded) < len(seqs):
             log.warning("moved %d sequences off scheduler %s", len(seqs) - len(stranded),
                         link.address)
-        flushed = {id(s) for s in self.detok.flush([s for s in seqs if s.link is link])}
+        self._strand(stranded, [s for s in seqs if s.link is link], error)
+
+    def _strand(self, stranded: list[Sequence], flush: list[Sequence], error: ApiError) -> None:
+        """End `stranded` with `error`, after flushing the detokenizer state of `flush`: a
+        sequence whose flush went out ends once its earlier tokens have reached the client."""
+        flushed = {id(s) for s in self.detok.flush(flush)}
         for seq in stranded:
             if seq.done:
                 continue
@@ -186,7 +254,8 @@ class Pipeline:
             seq.link.abort(seq.rid, stop)
 
     def _detok_started(self) -> list[Sequence]:
-        return [s for e in self.links.values() for s in e.live.values() if s.detok_started]
+        live = [s for e in self.links.values() for s in e.live.values() if s.detok_started]
+        return live + [s for s, _, _ in self.parked.values() if s.detok_started]
 
     # -- engines: one link each ---------------------------------------------------------------
 
@@ -225,6 +294,8 @@ class Pipeline:
                 metrics.ENGINE_UP.labels(address).set(1 if link.view.usable else 0)
                 link.view.prune(now)
                 self._forget_orphans(link, now)
+            if self.parked:
+                self._place_parked(now)
             await asyncio.sleep(HOUSEKEEPING_S)
 
     def _forget_orphans(self, link: SchedulerLink, now: float) -> None:

@@ -98,6 +98,9 @@ class Sequence:
     item: scheduler_pb2.SubmitItem | None = None  # what was submitted: sent again on a retry
     session: str = ""  # sticky-routing key
     retried: bool = False  # moved to another engine once already
+    # Every token sent to the detokenizer, in order: what a migrated sequence resumes after.
+    outputs: list[int] = field(default_factory=list)
+    migrations: int = 0  # times it moved to another engine after its first tokens
     # Its engine was lost after its first tokens went to the detokenizer: it ends with this error
     # once the detokenizer has answered for it, so the tokens from before the loss come first.
     lost: ApiError | None = None

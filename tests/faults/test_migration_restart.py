@@ -1,0 +1,38 @@
+"""Mid-stream migration to the same engine: the only scheduler is SIGKILLed while streams (greedy
+and seeded sampling) are under way and started again; the gateway holds the streams (up to
+--migration-wait) until it is back, and every client sees exactly the fault-free text and usage."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gateway.live_stack import wait_for
+from tests.routing.streams import MAX_TOKENS, requests, run
+
+from .chaos import Chaos
+
+N = 6
+
+pytestmark = pytest.mark.e2e
+
+
+def test_streams_wait_for_their_restarted_engine_and_continue_identically(chaos: Chaos) -> None:
+    reference = requests(N)
+    for t in run(chaos.http_url, reference):
+        t.join(120)
+    assert all(s.error is None for s in reference), [s.error for s in reference]
+    assert all(s.usage == (len(s.prompt), MAX_TOKENS) for s in reference)
+
+    streams = requests(N)
+    threads = run(chaos.http_url, streams)
+    wait_for(lambda: all(s.chunks >= 2 for s in streams), 60, "every stream to start")
+    assert not any(s.done.is_set() for s in streams), "a stream ended before the kill"
+    chaos.kill("scheduler")
+    chaos.start("scheduler")
+    for t in threads:
+        t.join(120)
+    assert [s.error for s in streams] == [None] * N
+    for got, want in zip(streams, reference, strict=True):
+        assert got.finish == "length"
+        assert got.usage == want.usage
+        assert got.text == want.text, (got.params, got.text, want.text)
