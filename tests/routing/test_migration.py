@@ -1,8 +1,8 @@
 """Mid-stream migration over real processes: two engines behind the gateway, N concurrent
-streams (greedy and seeded sampling), one engine's scheduler and worker SIGKILLed while every
-stream is under way. No request fails, and every client sees exactly the text and usage of a
-fault-free run of the same requests: the lost engine's sequences continue on the other from the
-tokens they had streamed.
+streams (greedy and seeded sampling), one engine's scheduler and worker (or only its worker: its
+scheduler then fails the requests UNAVAILABLE) SIGKILLed while every stream is under way. No
+request fails, and every client sees exactly the text and usage of a fault-free run of the same
+requests: the lost engine's sequences continue on the other from the tokens they had streamed.
 
 N is modest for two CPU cores; the same test with N in the hundreds is for a bigger machine."""
 
@@ -24,7 +24,7 @@ N = int(os.environ.get("MINISGL_MIGRATION_STREAMS", "16"))
 VICTIM = 1
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def pair(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     log_dir = tmp_path_factory.mktemp("migration")
     engine_file = log_dir / "engines.txt"
@@ -44,7 +44,10 @@ def pair(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         stack.stop()
 
 
-def test_streams_continue_identically_when_an_engine_dies(pair: Cluster) -> None:
+@pytest.mark.parametrize("victims", [("scheduler", "worker"), ("worker",)],
+                         ids=["engine", "worker"])
+def test_streams_continue_identically_when_an_engine_dies(pair: Cluster,
+                                                          victims: tuple[str, ...]) -> None:
     stack = pair.stack
     reference = requests(N)
     for t in run(stack.http_url, reference):
@@ -59,7 +62,7 @@ def test_streams_continue_identically_when_an_engine_dies(pair: Cluster) -> None
     # Every stream has tokens, and the victim is still generating for some of them.
     wait_until(lambda: all(s.chunks >= 2 for s in streams), 60, "every stream to start")
     assert pair.load(victim).running_requests >= 1, "the victim finished before the kill"
-    for name in ("scheduler", "worker"):
+    for name in victims:
         os.kill(stack.processes[stack.engine_key(name, VICTIM)].pid, signal.SIGKILL)
     for t in threads:
         t.join(120)

@@ -5,7 +5,8 @@ one Detokenize stream, and each answer becomes the `StepEvent`s of its sequences
     here ──StepEvent──▶ the sink of the request the rid belongs to
 
 Answers come in request order, so the batches in flight are a FIFO. A sequence refused before
-its first token with UNAVAILABLE (a draining engine) is handed to `retry` instead of failing.
+its first token with UNAVAILABLE (a draining engine) is handed to `retry` instead of failing; one
+failed with UNAVAILABLE after its first tokens (the engine's worker died) to `migrate`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ Batch = list[tuple[Sequence, scheduler_pb2.TokenUpdate | None]]
 class DetokHooks:
     abort: Callable[[Sequence, bool], None]  # (seq, stop): end it upstream
     retry: Callable[[Sequence, scheduler_pb2.TokenUpdate], bool]  # refused before any token
+    # failed UNAVAILABLE after its first tokens (its worker died): continue elsewhere if it may
+    migrate: Callable[[Sequence, SchedulerLink, scheduler_pb2.TokenUpdate], bool]
 
 
 class Detokenizing:
@@ -107,6 +110,15 @@ class Detokenizing:
                 continue
             token_ids = update.token_ids
             seq.outputs.extend(token_ids)
+            if (finished and seq.detok_started
+                    and update.error.code == common_pb2.ERROR_CODE_UNAVAILABLE
+                    and self._hooks.migrate(seq, link, update)):
+                if token_ids:  # made before the failure: they still go out, unfinished
+                    add(rid=rid, token_ids=token_ids)
+                    batch.append((seq, scheduler_pb2.TokenUpdate(
+                        rid=rid, token_ids=token_ids, logprobs=update.logprobs,
+                        top_logprobs=update.top_logprobs, cached_tokens=update.cached_tokens)))
+                continue
             if seq.detok_started:
                 add(rid=rid, token_ids=token_ids, finished=finished)
             elif token_ids:

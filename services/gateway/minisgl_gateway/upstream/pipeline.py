@@ -29,7 +29,7 @@ import grpc
 from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2
 
 from minisgl_gateway import metrics
-from minisgl_gateway.errors import ApiError, unavailable
+from minisgl_gateway.errors import ApiError, from_upstream, unavailable
 from minisgl_gateway.upstream.detok import Detokenizing, DetokHooks
 from minisgl_gateway.upstream.discovery import DEFAULT_INTERVAL_S, Discovery
 from minisgl_gateway.upstream.migration import MigrationPolicy, fix_seed, resume_item
@@ -62,7 +62,8 @@ class Pipeline:
         # the loss it ends with then).
         self.parked: dict[int, tuple[Sequence, float, ApiError]] = {}
         self._link_hooks = LinkHooks(on_step=self._on_step, on_lost=self._on_lost)
-        self.detok = Detokenizing(detokenizer, DetokHooks(abort=self._abort, retry=self._retry),
+        self.detok = Detokenizing(detokenizer, DetokHooks(abort=self._abort, retry=self._retry,
+                                                         migrate=self._migrate_failed),
                                   retry_after)
         self.detok.started = self._detok_started
         self._tasks: list[asyncio.Task[None]] = []
@@ -194,6 +195,12 @@ class Pipeline:
         if not self._resume(seq, exclude=failed):
             self.parked[seq.rid] = (seq, time.monotonic() + policy.wait_s, error)
         return True
+
+    def _migrate_failed(self, seq: Sequence, link: SchedulerLink,
+                        update: scheduler_pb2.TokenUpdate) -> bool:
+        """The engine ended `seq` with UNAVAILABLE after its first tokens: its stream is up but
+        its worker is gone (or restarted and lost the KV). Move it like a lost stream's."""
+        return self._migrate(seq, link, from_upstream(update.error, self._retry_after))
 
     def _resume(self, seq: Sequence, exclude: Upstream | None) -> bool:
         assert seq.item is not None
