@@ -4,9 +4,11 @@ budget left, and a resumed run continuing exactly where the first one stopped.""
 from __future__ import annotations
 
 import pytest
+from minisgl_core.proto.minisgl.v1 import common_pb2, scheduler_pb2
 from minisgl_core.sampling import SamplingParams
 from minisgl_scheduler import FinishReason, InvalidRequest, Scheduler, SchedulerConfig
 from minisgl_scheduler.admission import resume_split
+from minisgl_scheduler.server import _batch
 
 from .fake_executor import FakeExecutor, reference
 from .helpers import assert_all_pages_back, run
@@ -83,3 +85,13 @@ def test_window_counts_from_the_prompt() -> None:
     rec = run(s)
     assert want[:4] + rec.out[1].tokens == want
     assert rec.out[1].finish is FinishReason.LENGTH
+
+
+def test_the_proto_field_reaches_the_submit() -> None:
+    msg = scheduler_pb2.ConnectRequest(submits=[
+        scheduler_pb2.SubmitItem(rid=1, input_ids=[1, 2, 3, 4], num_prompt_tokens=3,
+                                 sampling=common_pb2.SamplingParams(max_tokens=5)),
+        scheduler_pb2.SubmitItem(rid=2, input_ids=[1, 2])])
+    first, second = _batch(None, msg, 16).submits  # type: ignore[arg-type]
+    assert (first.input_ids, first.num_prompt_tokens) == ([1, 2, 3, 4], 3)
+    assert second.num_prompt_tokens == 0  # not set: all prompt

@@ -77,7 +77,8 @@ def for_model(name: str) -> ModelMetrics:
     return found
 # Routing over engine replicas (label `engine`: the scheduler address; `policy`: --routing).
 ROUTED = counter("gateway_routed_requests_total", "sequences routed to an engine, by policy and "
-                 "by why the engine was chosen (cache, load, round_robin, sticky, retry)",
+                 "by why the engine was chosen (cache, load, round_robin, sticky, retry, "
+                 "migrate)",
                  ("engine", "policy", "reason"))
 PREDICTED_CACHED = counter("gateway_predicted_cached_tokens_total", "prompt tokens the router "
                            "expected the engine to have cached", ("engine", "policy"))
