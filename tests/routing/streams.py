@@ -31,10 +31,15 @@ def requests(n: int) -> list[Stream]:
     for i in range(n):
         prompt = [rng.randrange(5, 4000) for _ in range(rng.randrange(8, 40))]
         # Half greedy, half sampled with a seed (and a penalty: earlier outputs must count as
-        # outputs on the new engine).
+        # outputs on the new engine); every fourth under a grammar (the new engine's matcher must
+        # start past the earlier outputs).
         params: dict[str, object] = ({"temperature": 0.0} if i % 2 == 0 else
                                      {"temperature": 0.9, "top_p": 0.95, "seed": 1000 + i,
                                       "presence_penalty": 0.5})
+        if i % 4 == 3:  # may end early (EOS after a word): no ignore_eos with a grammar
+            params["guided_regex"] = "([a-z]+ )+"
+        else:
+            params["ignore_eos"] = True
         out.append(Stream(prompt, params))
     return out
 
@@ -48,7 +53,7 @@ def run(url: str, streams: list[Stream]) -> list[threading.Thread]:
             reply = client.completions.create(
                 model=model, prompt=s.prompt, max_tokens=MAX_TOKENS, stream=True,
                 stream_options={"include_usage": True},
-                extra_body={"ignore_eos": True, **s.params})
+                extra_body=s.params)
             for chunk in reply:
                 if chunk.usage is not None:
                     s.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
