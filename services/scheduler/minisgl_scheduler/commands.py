@@ -27,6 +27,8 @@ class Submit:
     traceparent: str = ""
     request_id: str = ""
     cache_salt: str = ""  # prefix-cache namespace ("" shares with every unsalted request)
+    priority: int = 0  # lower first (vLLM's convention)
+    tenant: int = 0  # fair-share group within a priority (0: none)
 
 
 @dataclass(frozen=True, slots=True)

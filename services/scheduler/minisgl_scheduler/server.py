@@ -127,6 +127,7 @@ def _batch(conn: Conn, msg: scheduler_pb2.ConnectRequest, default_max_tokens: in
         conn,
         submits=tuple(Submit(item.rid, list(item.input_ids),
                              sampling_from_proto(item.sampling, default_max_tokens),
-                             item.traceparent, item.request_id, item.cache_salt)
+                             item.traceparent, item.request_id, item.cache_salt,
+                             item.priority, item.tenant)
                       for item in msg.submits),
         aborts=tuple(msg.aborts), stops=tuple(msg.stops))
