@@ -21,7 +21,7 @@ from minisgl_gateway.errors import ApiError
 
 # A key that sent a request this recently competes for a fair share, even with none in flight
 # right now (a closed-loop client between two requests, or one just refused).
-RECENT_S = 5.0
+RECENT_S = 2.0
 _PRUNE_AT = 4096  # keys tracked before idle ones are forgotten
 
 
@@ -73,12 +73,13 @@ class Tenancy:
         state.tokens = min(float(tpm), state.tokens + (now - state.refilled_at) * tpm / 60.0)
         state.refilled_at = now
 
-    def fair_share(self, now: float, limit: int) -> tuple[float, int]:
-        """The concurrency share of each competing key, and how many are below it."""
+    def fair_share(self, now: float, limit: int, me: KeyState) -> tuple[float, float]:
+        """The concurrency share of each competing key, and the slots the other competing keys
+        lack to reach it (kept free for them)."""
         competing = [s for s in self.keys.values()
                      if s.in_flight or now - s.seen_at < RECENT_S]
         share = limit / max(1, len(competing))
-        return share, sum(1 for s in competing if s.in_flight < share)
+        return share, sum(max(0.0, share - s.in_flight) for s in competing if s is not me)
 
     def seen(self, tenant: int) -> None:
         """A request of the key arrived (even one refused before `admit`): with fair sharing on,
@@ -105,11 +106,10 @@ class Tenancy:
                 raise quota_error(f"this API key used its {c.key_tokens_per_minute} tokens per "
                                   f"minute; retry in {math.ceil(wait)} s", wait)
         if c.key_fair_share:
-            share, below = self.fair_share(now, limit)
-            # Work-conserving: past its share a key may still take a slot, as long as one stays
-            # free for each other key below its share.
-            mine = 1 if state.in_flight < share else 0
-            if state.in_flight >= share and active + below - mine >= limit:
+            share, owed = self.fair_share(now, limit, state)
+            # Work-conserving: past its share a key may still take a free slot, as long as
+            # enough stay free for every other competing key to reach its share.
+            if state.in_flight >= share and active + owed >= limit:
                 raise quota_error(f"this API key holds {state.in_flight} of the gateway's "
                                   f"{limit} request slots, its fair share while other keys "
                                   "wait; retry later", retry_after)
