@@ -136,3 +136,15 @@ def test_priority_beats_tenant_turns() -> None:
     s.submit(3, [6] * 5, SHORT, tenant=2, priority=0)
     run(s)
     assert admitted_order(fake) == [2, 3, 0, 1]
+
+
+def test_submit_items_carry_priority_and_tenant_to_the_loop() -> None:
+    from minisgl_core.proto.minisgl.v1 import scheduler_pb2
+    from minisgl_scheduler.server import _batch
+
+    msg = scheduler_pb2.ConnectRequest(submits=[
+        scheduler_pb2.SubmitItem(rid=1, input_ids=[3, 4], priority=-2, tenant=2**63 + 5),
+        scheduler_pb2.SubmitItem(rid=2, input_ids=[3, 4]),
+    ])
+    batch = _batch(None, msg, 16)  # type: ignore[arg-type]
+    assert [(s.priority, s.tenant) for s in batch.submits] == [(-2, 2**63 + 5), (0, 0)]

@@ -68,6 +68,9 @@ class Scheduler:
         self._events: dict[Request, TokenEvent] = {}
         self._arrivals = 0
         self.turns = TenantTurns()  # which tenant's turn it is, per priority
+        # Some request had a priority other than 0: only then can one need to preempt another,
+        # so the per-step scan of the queue is skipped otherwise.
+        self._prioritized = False
         self._next_step = 1
         # A step failed: cached KV is suspect until every step launched before that is collected.
         self._poisoned = False
@@ -112,6 +115,7 @@ class Scheduler:
         req = new_request(self.info, self.eos_ids, rid, input_ids, params, self._arrivals,
                           salt_seed(cache_salt))
         req.priority, req.tenant = priority, tenant
+        self._prioritized |= priority != 0
         self.reqs[rid] = req
         self.waiting.append(req)  # the newest arrival sorts last
 
@@ -181,7 +185,8 @@ class Scheduler:
             budget = self.pacer.budget(max((r.computed for r in self.running if r.prefilling),
                                            default=0))
         ps = self.page_size
-        if self.config.max_priority_preemptions and self.waiting and self.running:
+        if (self._prioritized and self.config.max_priority_preemptions and self.waiting
+                and self.running):
             self._preempt_for_priority(budget)
         for req in list(self.running):  # by rank: they win when memory is short
             if req.phase is not Phase.RUNNING:
