@@ -134,3 +134,39 @@ def test_first_token_rate_and_queue_from_the_watch_load() -> None:
     assert queued_ahead([busy]) == 7
     assert queued_ahead([busy, idle]) == 0
     assert queued_ahead([]) is None
+
+
+def test_gateway_reserve_applies_the_slo_and_the_key_quota() -> None:
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from minisgl_gateway.config import parse_config
+    from minisgl_gateway.gateway import Gateway
+
+    async def main() -> None:
+        gw = Gateway(parse_config(["--ttft-slo-ms", "500", "--key-max-in-flight", "1"]))
+        view = EngineView("a", up=True, load=scheduler_pb2.EngineLoad(
+            running_requests=4, waiting_requests=30, max_running_requests=4))
+        gw.pipeline.links = {"a": SimpleNamespace(view=view)}  # type: ignore[dict-item]
+        tenant = gw.tenant("Bearer k")
+        assert tenant == tenant_of("Bearer k")
+        with gw.reserve(tenant):  # no first token seen yet: no evidence, admitted
+            with pytest.raises(ApiError) as err:
+                gw.reserve(tenant)
+            assert err.value.status == 429
+        now = time.monotonic()
+        for i in range(20):  # 20 first tokens over the last 2 s: 10 a second
+            gw.first_tokens.record(now - 2 + i * 0.1)
+        with pytest.raises(ApiError) as err:
+            gw.reserve(tenant)  # 30 queued at 10 a second: about 3 s
+        assert err.value.status == 503 and err.value.code == "slo_unattainable"
+        assert err.value.retry_after is not None and err.value.retry_after >= 2
+        assert gw.active == 0 and gw.tenancy.keys[tenant].in_flight == 0
+        view.load.waiting_requests = 3  # 300 ms: within the target
+        with gw.reserve(tenant):
+            assert gw.active == 1
+        gw.pipeline.links = {}
+        await gw.close()
+
+    asyncio.run(main())
