@@ -26,9 +26,10 @@ KEYS = {"flood": "key-flood", "other": "key-other"}
 
 # The issue's latency bounds hold on a machine of its own. On a shared 2-core box every step of
 # the flood takes CPU from the probes' own path (five processes and this client on two cores),
-# so by default the latency ratios are checked against looser bounds that still fail without
-# the feature (the flood's own priority, or no fair share, is an order of magnitude worse);
-# MINISGL_TENANT_ACCEPTANCE=1 checks the issue's. The throughput share is always the issue's.
+# so by default the latency ratios are checked against looser bounds: the priority one still
+# fails without priority (probes at the flood's priority wait for the whole queue), the fairness
+# one only guards against gross regressions. MINISGL_TENANT_ACCEPTANCE=1 checks the issue's.
+# The throughput share is always the issue's, and fails without --key-fair-share.
 STRICT = os.environ.get("MINISGL_TENANT_ACCEPTANCE") == "1"
 PRIORITY_TTFT_RATIO = 1.5 if STRICT else 10.0
 FAIR_TTFT_RATIO = 2.0 if STRICT else 10.0
