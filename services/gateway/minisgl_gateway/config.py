@@ -5,6 +5,7 @@ the limits in a table."""
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from minisgl_core.config import DEFAULT_PORTS
@@ -88,6 +89,27 @@ class Routing:
 
 
 @dataclass
+class TenantLimits:
+    """Per-API-key quotas and fair sharing (tenancy.py), SLO-aware admission. All off by
+    default. A key is its bearer token; requests without one count as one key."""
+
+    key_max_in_flight: int = flag(
+        0, "generation requests in flight per API key; more get 429 + Retry-After (0: no limit)")
+    # a token bucket: refills continuously, charged prompt + completion tokens when a request ends
+    key_tokens_per_minute: int = flag(
+        0, "prompt + completion tokens per minute per API key; a key past it gets 429 + "
+        "Retry-After until its budget refills (0: no limit)")
+    key_fair_share: bool = flag(
+        False, "share --max-concurrent-requests fairly among the API keys sending requests: a "
+        "key past its share gets 429 while a slot is kept for each key below it, and the "
+        "scheduler takes keys' waiting requests in turn")
+    # the gateway's estimate: engine queue length over the recent rate of first tokens
+    ttft_slo_ms: float = flag(
+        0.0, "time-to-first-token target in ms: a request that the engines' queues say would "
+        "wait longer gets 503 + Retry-After at once instead of queueing (0: off)")
+
+
+@dataclass
 class GatewayConfig:
     host: str = flag("127.0.0.1", "address of the HTTP and gRPC listeners")
     port: int = flag(DEFAULT_PORTS["gateway_http"], "OpenAI-compatible HTTP port")
@@ -143,6 +165,7 @@ class GatewayConfig:
     internal_tls_dir: str = internal_tls_dir_flag()  # mTLS to the upstreams
     limits: Limits = group(Limits, "limits")
     routing: Routing = group(Routing, "routing")
+    tenancy: TenantLimits = group(TenantLimits, "tenancy")
 
 
 FLAGS = ServiceFlags(
@@ -174,6 +197,11 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     lim.max_completion_tokens = max(0, lim.max_completion_tokens)
     lim.header_timeout_s = max(0.1, lim.header_timeout_s)
     lim.body_timeout_s = max(0.1, lim.body_timeout_s)
+    tenancy = config.tenancy
+    tenancy.key_max_in_flight = max(0, tenancy.key_max_in_flight)
+    tenancy.key_tokens_per_minute = max(0, tenancy.key_tokens_per_minute)
+    tenancy.ttft_slo_ms = max(0.0, tenancy.ttft_slo_ms) if math.isfinite(tenancy.ttft_slo_ms) \
+        else 0.0
     routing.balance_threshold = max(0.0, routing.balance_threshold)
     routing.discovery_interval = max(0.05, routing.discovery_interval)
     return config

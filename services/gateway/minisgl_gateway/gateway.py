@@ -34,6 +34,8 @@ from minisgl_gateway.errors import (
 )
 from minisgl_gateway.errors import unavailable as unavailable_error
 from minisgl_gateway.request_context import upstream_metadata
+from minisgl_gateway.slo import FirstTokenRate, check_ttft, queued_ahead
+from minisgl_gateway.tenancy import Tenancy, tenant_of
 from minisgl_gateway.upstream.migration import MigrationPolicy
 from minisgl_gateway.upstream.pipeline import Pipeline
 from minisgl_gateway.upstream.routing import Router
@@ -54,12 +56,14 @@ class Slot:
     """One admitted generation request (`Gateway.reserve`); release it exactly once."""
 
     gateway: Gateway
+    tenant: int = 0
     held: bool = True
 
     def release(self) -> None:
         if self.held:
             self.held = False
             self.gateway.active -= 1
+            self.gateway.tenancy.release(self.tenant)
             metrics.RUNNING.dec()
 
     def __enter__(self) -> Slot:
@@ -101,6 +105,8 @@ class Gateway:
         if config.cache_salt_per_key and not self._keys:
             log.warning("--cache-salt-per-key has no effect without --api-key: every request "
                         "shares the prefix cache unless it sends a cache_salt")
+        self.tenancy = Tenancy(config.tenancy)
+        self.first_tokens = FirstTokenRate()  # the engines' queue drain rate, for --ttft-slo-ms
         self.active = 0  # admitted generation requests
         self.draining = False
 
@@ -189,10 +195,12 @@ class Gateway:
         if name and name != self.info.name:
             raise model_error(name)
 
-    def check_capacity(self) -> None:
+    def check_capacity(self, tenant: int = 0) -> None:
         """Refuses (429, or 503 while draining) when no slot is free. Called before a body is
         read or parsed, so that a refusal under overload costs next to nothing; the slot itself
-        is taken after parsing, so that a slow upload does not hold one."""
+        is taken after parsing, so that a slow upload does not hold one. `tenant`: the key
+        (`Gateway.tenant`), which competes for a fair share even when refused here."""
+        self.tenancy.seen(tenant)
         if self.draining:
             raise unavailable_error("the gateway is shutting down", self.limits.retry_after_s)
         if self.active >= self.limits.max_concurrent_requests:
@@ -200,17 +208,33 @@ class Gateway:
                              f"{self.limits.max_concurrent_requests}); retry later",
                              self.limits.retry_after_s)
 
-    def reserve(self) -> Slot:
+    def check_slo(self) -> None:
+        """503 + Retry-After when the engines' queues say the TTFT target cannot be met."""
+        slo = self.config.tenancy.ttft_slo_ms
+        if slo > 0:
+            views = [e.view for e in self.pipeline.links.values() if e.view.usable]
+            check_ttft(slo, queued_ahead(views), self.first_tokens.rate(time.monotonic()))
+
+    def tenant(self, authorization: str | None) -> int:
+        """The key a request's quotas are counted against (a hash of its API key) while any
+        per-key flag is set, else 0. Call after `check_key`."""
+        return tenant_of(authorization) if self.tenancy.enabled else 0
+
+    def reserve(self, tenant: int = 0) -> Slot:
         """Counts a generation request in flight until the slot is released; refuses past the
-        limit or while draining."""
-        self.check_capacity()
+        limit, past the key's quotas or fair share (`tenant`: `Gateway.tenant`), past the TTFT
+        target, or while draining."""
+        self.check_capacity(tenant)
+        self.check_slo()
+        self.tenancy.admit(tenant, self.active, self.limits.max_concurrent_requests,
+                           self.limits.retry_after_s)
         self.active += 1
         metrics.RUNNING.inc()
-        return Slot(self)
+        return Slot(self, tenant)
 
     @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
-        with self.reserve():
+    def admit(self, tenant: int = 0) -> Iterator[None]:
+        with self.reserve(tenant):
             yield
 
     # -- upstream calls ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ from minisgl_scheduler.config import SchedulerConfig
 from minisgl_scheduler.errors import ContextLengthExceeded, InvalidRequest
 from minisgl_scheduler.radix import RadixCache
 from minisgl_scheduler.request import Request
+from minisgl_scheduler.tenants import TenantTurns
 
 
 def check_request(info: WorkerInfo, input_ids: list[int], params: SamplingParams) -> None:
@@ -70,15 +71,20 @@ def new_request(info: WorkerInfo, eos_ids: frozenset[int], rid: int, input_ids: 
     )
 
 
-def waiting_order(waiting: list[Request], cache: RadixCache | None,
-                  config: SchedulerConfig) -> list[Request]:
-    """Arrival order, or with policy "lpm" (and a usable cache, a short enough queue) the
-    longest cached prefix first."""
+def waiting_order(waiting: list[Request], cache: RadixCache | None, config: SchedulerConfig,
+                  turns: TenantTurns) -> list[Request]:
+    """Priority first (lower values first). Within a priority: arrival order with tenants taken
+    in turn (tenants.py), or with policy "lpm" (and a usable cache, a short enough queue) the
+    longest cached prefix first. `waiting` is in arrival order."""
     if config.policy == "lpm" and cache is not None and len(waiting) <= config.lpm_max_queue:
         hits = {id(r): cache.match(r.tokens[: r.target - 1], salt=r.salt).num_pages
                 for r in waiting}
-        return sorted(waiting, key=lambda r: (-hits[id(r)], r.arrival))
-    return list(waiting)
+        return sorted(waiting, key=lambda r: (r.priority, -hits[id(r)], r.arrival))
+    first = waiting[0] if waiting else None
+    if first is None or all(r.priority == first.priority and r.tenant == first.tenant
+                            for r in waiting):
+        return list(waiting)  # the common case: plain arrival order
+    return turns.order(waiting)
 
 
 def reserve_pages(r: Request, page_size: int, decode_reserve_ratio: float) -> int:

@@ -30,6 +30,8 @@ class Submit:
     # A resumed request: input_ids[:num_prompt_tokens] is the prompt, the rest earlier outputs
     # (0: all prompt).
     num_prompt_tokens: int = 0
+    priority: int = 0  # lower first (vLLM's convention)
+    tenant: int = 0  # fair-share group within a priority (0: none)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,12 @@ class SchedulerConfig:
     # Matching every waiting prompt against the prefix cache costs CPU on a long queue.
     lpm_max_queue: int = flag(128, (
         "queue length beyond which lpm falls back to fcfs"))
+    # Each preemption costs the victim a recompute (mostly from the prefix cache): capped per
+    # step so that a burst of urgent requests cannot flush the whole batch at once.
+    max_priority_preemptions: int = flag(4, (
+        "running requests of a lower priority (a higher `priority` value) preempted per step to "
+        "make room for a waiting request of a higher one; they are recomputed later, not failed "
+        "(0: priority only orders the queue)"))
     default_max_tokens: int = flag(16, (
         "max_tokens for requests that leave it 0 (the proto's server default)"))
 
@@ -68,6 +74,8 @@ class SchedulerConfig:
             raise ValueError("decode_reserve_ratio must be in [0, 1]")
         if not math.isfinite(self.max_step_ms):
             raise ValueError("max_step_ms must be a finite number")
+        if self.max_priority_preemptions < 0:
+            raise ValueError("max_priority_preemptions must be >= 0")
         if self.default_max_tokens < 1:
             raise ValueError("default_max_tokens must be >= 1")
 

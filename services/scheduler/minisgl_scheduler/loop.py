@@ -179,7 +179,7 @@ class SchedulerLoop:
                 raise SchedulerError(f"request id {item.rid} is already live on this connection",
                                      ErrorCode.INVALID_ARGUMENT)
             self.sched.submit(rid, item.input_ids, item.params, item.cache_salt,
-                              item.num_prompt_tokens)
+                              item.num_prompt_tokens, item.priority, item.tenant)
             if item.traceparent or item.request_id:
                 self.sched.traces.add(self.sched.reqs[rid], item.traceparent, item.request_id)
         except SchedulerError as exc:

@@ -48,6 +48,8 @@ class Request:
     tokens: list[int]  # prompt + every output token received so far
     phase: Phase = Phase.WAITING
     salt: int = 0  # prefix-cache namespace (prefix_hash.salt_seed of its cache_salt; 0: shared)
+    priority: int = 0  # lower values first (vLLM's convention); ties go by arrival
+    tenant: int = 0  # fair-share group: the waiting queue takes tenants in turn (0: none)
 
     # Placement on the worker (valid while RUNNING and until released).
     slot: int = -1
@@ -64,6 +66,12 @@ class Request:
     kv_valid: bool = True  # False after a failed step: its pages must not enter the cache
 
     cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Running order: priority, then arrival. The last running request is the first victim
+        when memory runs short, so low priority is given up before young."""
+        return (self.priority, self.arrival)
 
     @property
     def num_outputs(self) -> int:

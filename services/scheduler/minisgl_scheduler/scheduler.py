@@ -12,6 +12,12 @@ previous result. Two consequences are handled here:
 When the pool cannot grow a running request, the youngest running request is preempted: its written
 KV goes to the prefix cache (evictable) and it is recomputed later from prompt + outputs so far.
 
+Priorities (vLLM's: lower values first, default 0) order the waiting queue before arrival, and
+"youngest" above means lowest priority, then youngest. A waiting request that lacks a slot or pages
+preempts running requests of a strictly lower priority, at most `--max-priority-preemptions` per
+step: a victim never preempts back what displaced it, so there is no cycle. Within one priority,
+tenants (the gateway's hash of the API key) are admitted in turn (admission.waiting_order).
+
 Pages, slots and the prefix cache describe the KV of one worker process. When another process
 answers (a restarted worker, `StepExecutor.check_worker`), all of it is dropped: running requests
 fail with a clear error, waiting ones start from scratch on the new worker.
@@ -49,6 +55,7 @@ from minisgl_scheduler.pacing import PrefillPacer, attention_pairs, resolve_targ
 from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent, take_token
 from minisgl_scheduler.request_trace import RequestTraces
 from minisgl_scheduler.stats import SchedulerStats
+from minisgl_scheduler.tenants import TenantTurns
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +68,15 @@ class Scheduler:
         self._adopt(executor.info())
         self.reqs: dict[int, Request] = {}  # live (not ended) requests by rid
         self.waiting: list[Request] = []  # sorted by arrival
-        self.running: list[Request] = []  # sorted by arrival
+        self.running: list[Request] = []  # sorted by Request.rank: priority, then arrival
         self._zombies: set[Request] = set()  # ended, pages held until their steps are collected
         self.inflight: deque[LaunchedStep] = deque()
         self._events: dict[Request, TokenEvent] = {}
         self._arrivals = 0
+        self.turns = TenantTurns()  # which tenant's turn it is, per priority
+        # Some request had a priority other than 0: only then can one need to preempt another,
+        # so the per-step scan of the queue is skipped otherwise.
+        self._prioritized = False
         self._next_step = 1
         # A step failed: cached KV is suspect until every step launched before that is collected.
         self._poisoned = False
@@ -95,9 +106,11 @@ class Scheduler:
     # -- public API ----------------------------------------------------------------------------
 
     def submit(self, rid: int, input_ids: list[int], params: SamplingParams,
-               cache_salt: str = "", num_prompt_tokens: int = 0) -> None:
+               cache_salt: str = "", num_prompt_tokens: int = 0, priority: int = 0,
+               tenant: int = 0) -> None:
         """Queue a request; raises a SchedulerError subclass when it is refused. Its prompt
-        shares cached prefix pages only with requests of the same `cache_salt`.
+        shares cached prefix pages only with requests of the same `cache_salt`; lower
+        `priority` values go first; `tenant` is its fair-share group (0: none).
         `num_prompt_tokens` > 0: a resumed request whose input_ids end with outputs it already
         made elsewhere; it continues as a preempted request would (see `resume_split`)."""
         if rid in self.reqs:
@@ -111,6 +124,8 @@ class Scheduler:
         self._arrivals += 1
         req = new_request(self.info, self.eos_ids, rid, input_ids, params, self._arrivals,
                           salt_seed(cache_salt), prompt_len)
+        req.priority, req.tenant = priority, tenant
+        self._prioritized |= priority != 0
         self.reqs[rid] = req
         self.waiting.append(req)  # the newest arrival sorts last
 
@@ -180,7 +195,10 @@ class Scheduler:
             budget = self.pacer.budget(max((r.computed for r in self.running if r.prefilling),
                                            default=0))
         ps = self.page_size
-        for req in list(self.running):  # oldest first: they win when memory is short
+        if (self._prioritized and self.config.max_priority_preemptions and self.waiting
+                and self.running):
+            self._preempt_for_priority(budget)
+        for req in list(self.running):  # by rank: they win when memory is short
             if req.phase is not Phase.RUNNING:
                 continue  # preempted or ended while planning this step
             if req.computed < req.target:  # prefilling
@@ -243,7 +261,7 @@ class Scheduler:
         ps, ratio = self.page_size, self.config.decode_reserve_ratio
         reserve = sum(reserve_pages(r, ps, ratio) for r in self.running)
         cache = None if self._poisoned else self.kv.cache
-        for req in waiting_order(self.waiting, cache, self.config):
+        for req in waiting_order(self.waiting, cache, self.config, self.turns):
             if budget <= 0 or len(self.running) >= self.max_running or not self._free_slots:
                 return
             use_cache = not self._poisoned
@@ -265,7 +283,8 @@ class Scheduler:
             req.computed = cached
             req.phase = Phase.RUNNING
             self.waiting.remove(req)
-            bisect.insort(self.running, req, key=lambda r: r.arrival)
+            self.turns.admitted(req)
+            bisect.insort(self.running, req, key=lambda r: r.rank)
             if req.cached_tokens < 0:
                 req.cached_tokens = min(cached, req.prompt_len)
             self._counters["hit"] += cached
@@ -273,6 +292,24 @@ class Scheduler:
             self._add_chunk(step, req, n, start=True)
             budget -= n
             reserve += reserve_pages(req, ps, ratio)
+
+    def _preempt_for_priority(self, budget: int) -> None:
+        """Make room for the first waiting request (by priority) by preempting running ones of a
+        strictly lower priority, lowest and youngest first, when it lacks a slot or pages."""
+        head = min(self.waiting, key=lambda r: r.rank)
+        ps, ratio = self.page_size, self.config.decode_reserve_ratio
+        need = pages_for(min(budget, head.target), ps)  # its first chunk, before prefix hits
+        left = self.config.max_priority_preemptions
+        while left > 0 and self.running and self.running[-1].priority > head.priority:
+            reserve = sum(reserve_pages(r, ps, ratio) for r in self.running)
+            if (len(self.running) < self.max_running and self._free_slots
+                    and need + reserve <= self.kv.available):
+                return  # it fits: no one has to give way
+            if self.inflight:  # a victim must not be in a launched step; finished ones free room
+                self._drain()
+                continue
+            self._preempt(self.running[-1])
+            left -= 1
 
     def _add_chunk(self, step: LaunchedStep, req: Request, n: int, start: bool = False) -> None:
         step.add_chunk(req, n, start)

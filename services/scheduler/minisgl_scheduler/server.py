@@ -128,6 +128,6 @@ def _batch(conn: Conn, msg: scheduler_pb2.ConnectRequest, default_max_tokens: in
         submits=tuple(Submit(item.rid, list(item.input_ids),
                              sampling_from_proto(item.sampling, default_max_tokens),
                              item.traceparent, item.request_id, item.cache_salt,
-                             item.num_prompt_tokens)
+                             item.num_prompt_tokens, item.priority, item.tenant)
                       for item in msg.submits),
         aborts=tuple(msg.aborts), stops=tuple(msg.stops))

@@ -99,6 +99,8 @@ class Generation:
                    for ids in prompts]
         self._prompt_lens = [len(ids) for ids in prompts]
         self._metrics.params_n.observe(job.n)
+        # The scheduler interleaves keys only with --key-fair-share; else one group (arrival).
+        sched_tenant = job.tenant if gw.config.tenancy.key_fair_share else 0
         for p, (ids, budget) in enumerate(zip(prompts, budgets, strict=True)):
             for j in range(job.n):
                 sampling = common_pb2.SamplingParams()
@@ -108,7 +110,8 @@ class Generation:
                     sampling.seed = choice_seed(job.sampling.seed, j)
                 self._seqs.append(gw.pipeline.submit(ids, sampling, job.stop, p * job.n + j,
                                                      self._sink, job.session, trace_ctx,
-                                                     request_id, job.cache_salt))
+                                                     request_id, job.cache_salt,
+                                                     job.priority, sched_tenant))
 
     async def chunks(self) -> AsyncIterator[list[ChoiceChunk]]:
         """Chunks as they come, several choices per item; raises ApiError if a choice fails."""
@@ -158,6 +161,7 @@ class Generation:
         self._closed = True
         self.gateway.pipeline.cancel(self._seqs)
         usage = self.usage()
+        self.gateway.tenancy.charge(self.job.tenant, usage.prompt_tokens + usage.completion_tokens)
         self._metrics.prompt_tokens.inc(usage.prompt_tokens)
         self._metrics.generation_tokens.inc(usage.completion_tokens)
         done = self._finished == self.num_choices and self.num_choices > 0
@@ -212,6 +216,7 @@ class Generation:
             if self._first_token_at is None:
                 self._first_token_at = now
                 self._metrics.ttft.observe(now - self.arrival)
+                self.gateway.first_tokens.record(now)
             last = self._last_token_at[index]
             if last is not None:
                 self._metrics.itl.observe(now - last)

@@ -34,6 +34,7 @@ def job_for(method: str, request: object, formats: Formats, max_items: int = 0) 
            if method.startswith("Chat") else generate_job(request, max_items))  # type: ignore[arg-type]
     # proto3 strings have no "unset": empty means no salt.
     job.cache_salt = check_cache_salt(getattr(request, "cache_salt", "") or None)
+    job.priority = int(getattr(request, "priority", 0))  # int32: every value is valid
     return job
 
 

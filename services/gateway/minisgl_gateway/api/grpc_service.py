@@ -121,6 +121,11 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         value = metadata.get("authorization")
         return self.gateway.cache_salt(value if isinstance(value, str) else None, salt)
 
+    def _tenant(self, context: grpc.aio.ServicerContext) -> int:
+        metadata = {k: v for k, v in (context.invocation_metadata() or ())}
+        value = metadata.get("authorization")
+        return self.gateway.tenant(value if isinstance(value, str) else None)
+
     async def _abort(self, context: grpc.aio.ServicerContext, method: str,
                      err: ApiError) -> None:
         metrics.GRPC_REQUESTS.labels(method, err.grpc_code.name).inc()
@@ -183,7 +188,8 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
             job = await self._job(method, request, large)
             job.session = _session(context) or job.user
             job.cache_salt = self._salt(context, job.cache_salt)
-            with self.gateway.admit():
+            job.tenant = self._tenant(context)
+            with self.gateway.admit(job.tenant):
                 gen = Generation(self.gateway, job)
                 held.append(gen)
                 await gen.start()
@@ -204,8 +210,9 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
             job = await self._job(method, request, large)
             job.session = _session(context) or job.user
             job.cache_salt = self._salt(context, job.cache_salt)
+            job.tenant = self._tenant(context)
             request_id = REQUEST_ID.get() or secrets.token_hex(12)
-            with self.gateway.admit():
+            with self.gateway.admit(job.tenant):
                 gen = Generation(self.gateway, job)
                 held.append(gen)
                 await gen.start()

@@ -150,7 +150,7 @@ class GenerationResponse(Response):
         """`body_send` carries the chunks of a stream after its start (see KeepServerSend)."""
         gen: Generation | None = None
         try:
-            with self.gateway.reserve():
+            with self.gateway.reserve(self.job.tenant):
                 gen = Generation(self.gateway, self.job)
                 await gen.start()
                 if self.stream:
@@ -280,8 +280,9 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     async def generate(request: Request, endpoint: str) -> GenerationResponse:
         gateway.check_key(request.headers.get("authorization"))
+        tenant = gateway.tenant(request.headers.get("authorization"))
         # Admission first: under overload a 429 costs no body read and no parsing.
-        gateway.check_capacity()
+        gateway.check_capacity(tenant)
         context = gateway.info.max_model_len
         fits = context_body_limit(context)  # no request with a prompt that fits is larger
         raw = await read_body(request, gateway.limits.max_body_bytes, fits, invalid(
@@ -292,6 +293,7 @@ def create_app(gateway: Gateway) -> FastAPI:
             endpoint, raw, gateway.info.formats, context)  # type: ignore[arg-type]
         job.session = request.headers.get("x-session-id") or job.session
         job.cache_salt = gateway.cache_salt(request.headers.get("authorization"), job.cache_salt)
+        job.tenant = tenant
         return GenerationResponse(gateway, job, stream, include_usage)
 
     @app.post("/v1/chat/completions", response_model=None)

@@ -45,6 +45,9 @@ class Job:
     # Prefix-cache namespace (vLLM's cache_salt, plus the API key's with --cache-salt-per-key):
     # only requests with equal salts reuse each other's cached prompt pages.
     cache_salt: str = ""
+    # vLLM's priority: lower values are scheduled first (0 by default), and may preempt.
+    priority: int = 0
+    tenant: int = 0  # the API key's hash while per-key flags are on (Gateway.tenant), else 0
 
     @property
     def num_choices(self) -> int:

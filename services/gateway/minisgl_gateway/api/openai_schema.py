@@ -65,6 +65,7 @@ class _Common(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     cache_salt: str | None = None  # vLLM's: a prefix-cache namespace
+    priority: int | None = None  # vLLM's: lower values are scheduled first (default 0)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
 
@@ -324,6 +325,8 @@ def build_job(endpoint: Endpoint, payload: Any, formats: Formats
     job.continuous_usage = bool(stream and body.stream_options
                                 and body.stream_options.continuous_usage_stats)
     job.cache_salt = check_cache_salt(body.cache_salt)
+    if body.priority is not None:  # an int32 on the wire to the scheduler
+        job.priority = require_int(body.priority, "priority", -INT32_MAX - 1, INT32_MAX)
     return job, stream, include_usage, body.user
 
 

@@ -94,7 +94,7 @@ class Pipeline:
     def submit(self, input_ids: list[int], sampling: common_pb2.SamplingParams,
                stop: common_pb2.StopConditions, index: int, sink: EventSink,
                session: str = "", traceparent: str = "", request_id: str = "",
-               cache_salt: str = "") -> Sequence:
+               cache_salt: str = "", priority: int = 0, tenant: int = 0) -> Sequence:
         """Route one sequence to an engine; it goes out with that engine's next ConnectRequest.
         `traceparent` / `request_id` travel with it to the scheduler and the detokenizer;
         `cache_salt` to the scheduler (its prefix-cache namespace) and the router."""
@@ -105,7 +105,8 @@ class Pipeline:
                        traceparent=traceparent, request_id=request_id)
         seq.item = scheduler_pb2.SubmitItem(rid=seq.rid, input_ids=input_ids, sampling=sampling,
                                             traceparent=traceparent, request_id=request_id,
-                                            cache_salt=cache_salt)
+                                            cache_salt=cache_salt, priority=priority,
+                                            tenant=tenant)
         if self.migration.enabled:
             fix_seed(seq.item.sampling)
         if not self._route(seq, exclude=None, reason=""):

@@ -16,7 +16,7 @@ _sym_db = _symbol_database.Default()
 from minisgl_core.proto.minisgl.v1 import common_pb2 as minisgl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bminisgl/v1/generation.proto\x12\nminisgl.v1\x1a\x17minisgl/v1/common.proto\"\x8c\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.minisgl.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.minisgl.v1.SamplingParams\x12(\n\x04stop\x18\x05 \x01(\x0b\x32\x1a.minisgl.v1.StopConditions\x12\t\n\x01n\x18\x06 \x01(\r\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\x0c\n\x04user\x18\x08 \x01(\t\x12\x0c\n\x04\x65\x63ho\x18\t \x01(\x08\x12\x12\n\ncache_salt\x18\n \x01(\tB\x08\n\x06prompt\"\xac\x02\n\x0b\x43hatRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.minisgl.v1.ChatMessage\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.minisgl.v1.SamplingParams\x12(\n\x04stop\x18\x04 \x01(\x0b\x32\x1a.minisgl.v1.StopConditions\x12\t\n\x01n\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x12\n\ntools_json\x18\x07 \x01(\t\x12\x0c\n\x04user\x18\x08 \x01(\t\x12\x13\n\x0btool_choice\x18\t \x01(\t\x12!\n\x19\x63hat_template_kwargs_json\x18\n \x01(\t\x12\x12\n\ncache_salt\x18\x0b \x01(\t\"F\n\x08ToolCall\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\x81\x01\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x04 \x03(\x05\x12\x12\n\ntop_tokens\x18\x05 \x03(\t\x12\x14\n\x0ctop_logprobs\x18\x06 \x03(\x02\"\x92\x02\n\x06\x43hoice\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.minisgl.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.minisgl.v1.FinishReason\x12\x14\n\x0cmatched_stop\x18\x06 \x01(\t\x12 \n\x05\x65rror\x18\x07 \x01(\x0b\x32\x11.minisgl.v1.Error\x12\x19\n\x11reasoning_content\x18\x08 \x01(\t\x12(\n\ntool_calls\x18\t \x03(\x0b\x32\x14.minisgl.v1.ToolCall\"|\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x07\x63hoices\x18\x03 \x03(\x0b\x32\x12.minisgl.v1.Choice\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.minisgl.v1.Usage\"\x13\n\x11ListModelsRequest\"B\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.minisgl.v1.ModelCard2\xf5\x02\n\nGeneration\x12\x45\n\x08Generate\x12\x1b.minisgl.v1.GenerateRequest\x1a\x1c.minisgl.v1.GenerateResponse\x12M\n\x0eGenerateStream\x12\x1b.minisgl.v1.GenerateRequest\x1a\x1c.minisgl.v1.GenerateResponse0\x01\x12=\n\x04\x43hat\x12\x17.minisgl.v1.ChatRequest\x1a\x1c.minisgl.v1.GenerateResponse\x12\x45\n\nChatStream\x12\x17.minisgl.v1.ChatRequest\x1a\x1c.minisgl.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.minisgl.v1.ListModelsRequest\x1a\x1e.minisgl.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bminisgl/v1/generation.proto\x12\nminisgl.v1\x1a\x17minisgl/v1/common.proto\"\x9e\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.minisgl.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.minisgl.v1.SamplingParams\x12(\n\x04stop\x18\x05 \x01(\x0b\x32\x1a.minisgl.v1.StopConditions\x12\t\n\x01n\x18\x06 \x01(\r\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\x0c\n\x04user\x18\x08 \x01(\t\x12\x0c\n\x04\x65\x63ho\x18\t \x01(\x08\x12\x12\n\ncache_salt\x18\n \x01(\t\x12\x10\n\x08priority\x18\x0b \x01(\x05\x42\x08\n\x06prompt\"\xbe\x02\n\x0b\x43hatRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.minisgl.v1.ChatMessage\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.minisgl.v1.SamplingParams\x12(\n\x04stop\x18\x04 \x01(\x0b\x32\x1a.minisgl.v1.StopConditions\x12\t\n\x01n\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x12\n\ntools_json\x18\x07 \x01(\t\x12\x0c\n\x04user\x18\x08 \x01(\t\x12\x13\n\x0btool_choice\x18\t \x01(\t\x12!\n\x19\x63hat_template_kwargs_json\x18\n \x01(\t\x12\x12\n\ncache_salt\x18\x0b \x01(\t\x12\x10\n\x08priority\x18\x0c \x01(\x05\"F\n\x08ToolCall\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\x81\x01\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x04 \x03(\x05\x12\x12\n\ntop_tokens\x18\x05 \x03(\t\x12\x14\n\x0ctop_logprobs\x18\x06 \x03(\x02\"\x92\x02\n\x06\x43hoice\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.minisgl.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.minisgl.v1.FinishReason\x12\x14\n\x0cmatched_stop\x18\x06 \x01(\t\x12 \n\x05\x65rror\x18\x07 \x01(\x0b\x32\x11.minisgl.v1.Error\x12\x19\n\x11reasoning_content\x18\x08 \x01(\t\x12(\n\ntool_calls\x18\t \x03(\x0b\x32\x14.minisgl.v1.ToolCall\"|\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x07\x63hoices\x18\x03 \x03(\x0b\x32\x12.minisgl.v1.Choice\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.minisgl.v1.Usage\"\x13\n\x11ListModelsRequest\"B\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.minisgl.v1.ModelCard2\xf5\x02\n\nGeneration\x12\x45\n\x08Generate\x12\x1b.minisgl.v1.GenerateRequest\x1a\x1c.minisgl.v1.GenerateResponse\x12M\n\x0eGenerateStream\x12\x1b.minisgl.v1.GenerateRequest\x1a\x1c.minisgl.v1.GenerateResponse0\x01\x12=\n\x04\x43hat\x12\x17.minisgl.v1.ChatRequest\x1a\x1c.minisgl.v1.GenerateResponse\x12\x45\n\nChatStream\x12\x17.minisgl.v1.ChatRequest\x1a\x1c.minisgl.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.minisgl.v1.ListModelsRequest\x1a\x1e.minisgl.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -24,23 +24,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'minisgl.v1.generation_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=69
-  _globals['_GENERATEREQUEST']._serialized_end=337
-  _globals['_CHATREQUEST']._serialized_start=340
-  _globals['_CHATREQUEST']._serialized_end=640
-  _globals['_TOOLCALL']._serialized_start=642
-  _globals['_TOOLCALL']._serialized_end=712
-  _globals['_TOKENLOGPROB']._serialized_start=715
-  _globals['_TOKENLOGPROB']._serialized_end=844
-  _globals['_CHOICE']._serialized_start=847
-  _globals['_CHOICE']._serialized_end=1121
-  _globals['_GENERATERESPONSE']._serialized_start=1123
-  _globals['_GENERATERESPONSE']._serialized_end=1247
-  _globals['_LISTMODELSREQUEST']._serialized_start=1249
-  _globals['_LISTMODELSREQUEST']._serialized_end=1268
-  _globals['_MODELCARD']._serialized_start=1270
-  _globals['_MODELCARD']._serialized_end=1336
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1338
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1397
-  _globals['_GENERATION']._serialized_start=1400
-  _globals['_GENERATION']._serialized_end=1773
+  _globals['_GENERATEREQUEST']._serialized_end=355
+  _globals['_CHATREQUEST']._serialized_start=358
+  _globals['_CHATREQUEST']._serialized_end=676
+  _globals['_TOOLCALL']._serialized_start=678
+  _globals['_TOOLCALL']._serialized_end=748
+  _globals['_TOKENLOGPROB']._serialized_start=751
+  _globals['_TOKENLOGPROB']._serialized_end=880
+  _globals['_CHOICE']._serialized_start=883
+  _globals['_CHOICE']._serialized_end=1157
+  _globals['_GENERATERESPONSE']._serialized_start=1159
+  _globals['_GENERATERESPONSE']._serialized_end=1283
+  _globals['_LISTMODELSREQUEST']._serialized_start=1285
+  _globals['_LISTMODELSREQUEST']._serialized_end=1304
+  _globals['_MODELCARD']._serialized_start=1306
+  _globals['_MODELCARD']._serialized_end=1372
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1374
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1433
+  _globals['_GENERATION']._serialized_start=1436
+  _globals['_GENERATION']._serialized_end=1809
 # @@protoc_insertion_point(module_scope)

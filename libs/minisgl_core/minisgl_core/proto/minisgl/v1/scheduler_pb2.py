@@ -16,7 +16,7 @@ _sym_db = _symbol_database.Default()
 from minisgl_core.proto.minisgl.v1 import common_pb2 as minisgl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aminisgl/v1/scheduler.proto\x12\nminisgl.v1\x1a\x17minisgl/v1/common.proto\"\xb2\x01\n\nSubmitItem\x12\x0b\n\x03rid\x18\x01 \x01(\x04\x12\x11\n\tinput_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.minisgl.v1.SamplingParams\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x08 \x01(\r\"X\n\x0e\x43onnectRequest\x12\'\n\x07submits\x18\x01 \x03(\x0b\x32\x16.minisgl.v1.SubmitItem\x12\x0e\n\x06\x61\x62orts\x18\x02 \x03(\x04\x12\r\n\x05stops\x18\x03 \x03(\x04\"\xef\x01\n\x0bTokenUpdate\x12\x0b\n\x03rid\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12-\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x17.minisgl.v1.TopLogprobs\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.minisgl.v1.FinishReason\x12 \n\x05\x65rror\x18\x06 \x01(\x0b\x32\x11.minisgl.v1.Error\x12\x15\n\rprompt_tokens\x18\x07 \x01(\x05\x12\x15\n\rcached_tokens\x18\x08 \x01(\x05\";\n\x0f\x43onnectResponse\x12(\n\x07updates\x18\x01 \x03(\x0b\x32\x17.minisgl.v1.TokenUpdate\"\x1c\n\x0c\x41\x62ortRequest\x12\x0c\n\x04rids\x18\x01 \x03(\x04\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x05\"\x10\n\x0eGetLoadRequest\"\x9d\x01\n\x0fGetLoadResponse\x12\x18\n\x10running_requests\x18\x01 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x02 \x01(\x05\x12\x12\n\nused_pages\x18\x03 \x01(\x05\x12\x13\n\x0btotal_pages\x18\x04 \x01(\x05\x12\x14\n\x0c\x63\x61\x63hed_pages\x18\x05 \x01(\x05\x12\x17\n\x0fprefix_hit_rate\x18\x06 \x01(\x01\"\x10\n\x0eGetInfoRequest\"\xc8\x01\n\x0fGetInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x11\n\tnum_pages\x18\x04 \x01(\x05\x12\x1c\n\x14max_running_requests\x18\x05 \x01(\x05\x12\x1b\n\x13max_queued_requests\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x15\n\reos_token_ids\x18\x08 \x03(\x05\"=\n\x0cWatchRequest\x12\x14\n\x0cresume_after\x18\x01 \x01(\x04\x12\x17\n\x0fload_interval_s\x18\x02 \x01(\x01\"\xc1\x01\n\nEngineLoad\x12\x18\n\x10running_requests\x18\x01 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x02 \x01(\x05\x12\x12\n\nused_pages\x18\x03 \x01(\x05\x12\x13\n\x0btotal_pages\x18\x04 \x01(\x05\x12\x14\n\x0c\x63\x61\x63hed_pages\x18\x05 \x01(\x05\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x1c\n\x14max_running_requests\x18\x07 \x01(\x05\x12\x10\n\x08watchers\x18\x08 \x01(\x05\"\x88\x01\n\rWatchResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12\x0e\n\x06stored\x18\x03 \x03(\x06\x12\x0f\n\x07removed\x18\x04 \x03(\x06\x12$\n\x04load\x18\x05 \x01(\x0b\x32\x16.minisgl.v1.EngineLoad\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x32\xd9\x02\n\tScheduler\x12\x46\n\x07\x43onnect\x12\x1a.minisgl.v1.ConnectRequest\x1a\x1b.minisgl.v1.ConnectResponse(\x01\x30\x01\x12<\n\x05\x41\x62ort\x12\x18.minisgl.v1.AbortRequest\x1a\x19.minisgl.v1.AbortResponse\x12\x42\n\x07GetLoad\x12\x1a.minisgl.v1.GetLoadRequest\x1a\x1b.minisgl.v1.GetLoadResponse\x12\x42\n\x07GetInfo\x12\x1a.minisgl.v1.GetInfoRequest\x1a\x1b.minisgl.v1.GetInfoResponse\x12>\n\x05Watch\x12\x18.minisgl.v1.WatchRequest\x1a\x19.minisgl.v1.WatchResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aminisgl/v1/scheduler.proto\x12\nminisgl.v1\x1a\x17minisgl/v1/common.proto\"\xd4\x01\n\nSubmitItem\x12\x0b\n\x03rid\x18\x01 \x01(\x04\x12\x11\n\tinput_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.minisgl.v1.SamplingParams\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x19\n\x11num_prompt_tokens\x18\x08 \x01(\r\x12\x0e\n\x06tenant\x18\x0c \x01(\x04\"X\n\x0e\x43onnectRequest\x12\'\n\x07submits\x18\x01 \x03(\x0b\x32\x16.minisgl.v1.SubmitItem\x12\x0e\n\x06\x61\x62orts\x18\x02 \x03(\x04\x12\r\n\x05stops\x18\x03 \x03(\x04\"\xef\x01\n\x0bTokenUpdate\x12\x0b\n\x03rid\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12-\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x17.minisgl.v1.TopLogprobs\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.minisgl.v1.FinishReason\x12 \n\x05\x65rror\x18\x06 \x01(\x0b\x32\x11.minisgl.v1.Error\x12\x15\n\rprompt_tokens\x18\x07 \x01(\x05\x12\x15\n\rcached_tokens\x18\x08 \x01(\x05\";\n\x0f\x43onnectResponse\x12(\n\x07updates\x18\x01 \x03(\x0b\x32\x17.minisgl.v1.TokenUpdate\"\x1c\n\x0c\x41\x62ortRequest\x12\x0c\n\x04rids\x18\x01 \x03(\x04\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x05\"\x10\n\x0eGetLoadRequest\"\x9d\x01\n\x0fGetLoadResponse\x12\x18\n\x10running_requests\x18\x01 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x02 \x01(\x05\x12\x12\n\nused_pages\x18\x03 \x01(\x05\x12\x13\n\x0btotal_pages\x18\x04 \x01(\x05\x12\x14\n\x0c\x63\x61\x63hed_pages\x18\x05 \x01(\x05\x12\x17\n\x0fprefix_hit_rate\x18\x06 \x01(\x01\"\x10\n\x0eGetInfoRequest\"\xc8\x01\n\x0fGetInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x11\n\tnum_pages\x18\x04 \x01(\x05\x12\x1c\n\x14max_running_requests\x18\x05 \x01(\x05\x12\x1b\n\x13max_queued_requests\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x15\n\reos_token_ids\x18\x08 \x03(\x05\"=\n\x0cWatchRequest\x12\x14\n\x0cresume_after\x18\x01 \x01(\x04\x12\x17\n\x0fload_interval_s\x18\x02 \x01(\x01\"\xc1\x01\n\nEngineLoad\x12\x18\n\x10running_requests\x18\x01 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x02 \x01(\x05\x12\x12\n\nused_pages\x18\x03 \x01(\x05\x12\x13\n\x0btotal_pages\x18\x04 \x01(\x05\x12\x14\n\x0c\x63\x61\x63hed_pages\x18\x05 \x01(\x05\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x1c\n\x14max_running_requests\x18\x07 \x01(\x05\x12\x10\n\x08watchers\x18\x08 \x01(\x05\"\x88\x01\n\rWatchResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12\x0e\n\x06stored\x18\x03 \x03(\x06\x12\x0f\n\x07removed\x18\x04 \x03(\x06\x12$\n\x04load\x18\x05 \x01(\x0b\x32\x16.minisgl.v1.EngineLoad\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x32\xd9\x02\n\tScheduler\x12\x46\n\x07\x43onnect\x12\x1a.minisgl.v1.ConnectRequest\x1a\x1b.minisgl.v1.ConnectResponse(\x01\x30\x01\x12<\n\x05\x41\x62ort\x12\x18.minisgl.v1.AbortRequest\x1a\x19.minisgl.v1.AbortResponse\x12\x42\n\x07GetLoad\x12\x1a.minisgl.v1.GetLoadRequest\x1a\x1b.minisgl.v1.GetLoadResponse\x12\x42\n\x07GetInfo\x12\x1a.minisgl.v1.GetInfoRequest\x1a\x1b.minisgl.v1.GetInfoResponse\x12>\n\x05Watch\x12\x18.minisgl.v1.WatchRequest\x1a\x19.minisgl.v1.WatchResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -24,31 +24,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'minisgl.v1.scheduler_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SUBMITITEM']._serialized_start=68
-  _globals['_SUBMITITEM']._serialized_end=246
-  _globals['_CONNECTREQUEST']._serialized_start=248
-  _globals['_CONNECTREQUEST']._serialized_end=336
-  _globals['_TOKENUPDATE']._serialized_start=339
-  _globals['_TOKENUPDATE']._serialized_end=578
-  _globals['_CONNECTRESPONSE']._serialized_start=580
-  _globals['_CONNECTRESPONSE']._serialized_end=639
-  _globals['_ABORTREQUEST']._serialized_start=641
-  _globals['_ABORTREQUEST']._serialized_end=669
-  _globals['_ABORTRESPONSE']._serialized_start=671
-  _globals['_ABORTRESPONSE']._serialized_end=703
-  _globals['_GETLOADREQUEST']._serialized_start=705
-  _globals['_GETLOADREQUEST']._serialized_end=721
-  _globals['_GETLOADRESPONSE']._serialized_start=724
-  _globals['_GETLOADRESPONSE']._serialized_end=881
-  _globals['_GETINFOREQUEST']._serialized_start=883
-  _globals['_GETINFOREQUEST']._serialized_end=899
-  _globals['_GETINFORESPONSE']._serialized_start=902
-  _globals['_GETINFORESPONSE']._serialized_end=1102
-  _globals['_WATCHREQUEST']._serialized_start=1104
-  _globals['_WATCHREQUEST']._serialized_end=1165
-  _globals['_ENGINELOAD']._serialized_start=1168
-  _globals['_ENGINELOAD']._serialized_end=1361
-  _globals['_WATCHRESPONSE']._serialized_start=1364
-  _globals['_WATCHRESPONSE']._serialized_end=1500
-  _globals['_SCHEDULER']._serialized_start=1503
-  _globals['_SCHEDULER']._serialized_end=1848
+  _globals['_SUBMITITEM']._serialized_end=280
+  _globals['_CONNECTREQUEST']._serialized_start=282
+  _globals['_CONNECTREQUEST']._serialized_end=370
+  _globals['_TOKENUPDATE']._serialized_start=373
+  _globals['_TOKENUPDATE']._serialized_end=612
+  _globals['_CONNECTRESPONSE']._serialized_start=614
+  _globals['_CONNECTRESPONSE']._serialized_end=673
+  _globals['_ABORTREQUEST']._serialized_start=675
+  _globals['_ABORTREQUEST']._serialized_end=703
+  _globals['_ABORTRESPONSE']._serialized_start=705
+  _globals['_ABORTRESPONSE']._serialized_end=737
+  _globals['_GETLOADREQUEST']._serialized_start=739
+  _globals['_GETLOADREQUEST']._serialized_end=755
+  _globals['_GETLOADRESPONSE']._serialized_start=758
+  _globals['_GETLOADRESPONSE']._serialized_end=915
+  _globals['_GETINFOREQUEST']._serialized_start=917
+  _globals['_GETINFOREQUEST']._serialized_end=933
+  _globals['_GETINFORESPONSE']._serialized_start=936
+  _globals['_GETINFORESPONSE']._serialized_end=1136
+  _globals['_WATCHREQUEST']._serialized_start=1138
+  _globals['_WATCHREQUEST']._serialized_end=1199
+  _globals['_ENGINELOAD']._serialized_start=1202
+  _globals['_ENGINELOAD']._serialized_end=1395
+  _globals['_WATCHRESPONSE']._serialized_start=1398
+  _globals['_WATCHRESPONSE']._serialized_end=1534
+  _globals['_SCHEDULER']._serialized_start=1537
+  _globals['_SCHEDULER']._serialized_end=1882
 # @@protoc_insertion_point(module_scope)
