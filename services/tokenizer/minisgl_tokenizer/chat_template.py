@@ -21,6 +21,7 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from minisgl_core.bounded_json import TooDeep, loads_bounded
 
 
 class ChatTemplateError(ValueError):
@@ -42,28 +43,15 @@ class _GenerationBlock(jinja2.ext.Extension):
         return caller()
 
 
-MAX_JSON_DEPTH = 64  # the gateway refuses deeper JSON before it gets here
-
-
 def loads_field(text: str, name: str) -> Any:
     """JSON from the string field `name`; ValueError (the item's INVALID_ARGUMENT) when invalid
     or nested past MAX_JSON_DEPTH, where the template or the parser would hit RecursionError."""
     try:
-        value = json.loads(text)
-    except RecursionError:
-        raise ValueError(f"{name} nests more than {MAX_JSON_DEPTH} levels deep") from None
+        return loads_bounded(text, name)
+    except TooDeep:
+        raise
     except json.JSONDecodeError as exc:
         raise ValueError(f"{name} is not valid JSON: {exc}") from exc
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            if depth >= MAX_JSON_DEPTH:
-                raise ValueError(f"{name} nests more than {MAX_JSON_DEPTH} levels deep")
-            stack.extend((v, depth + 1) for v in item if isinstance(v, list | dict))
-    return value
 
 
 def _raise_exception(message: str) -> None:

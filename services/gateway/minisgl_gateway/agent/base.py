@@ -13,35 +13,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-MAX_JSON_DEPTH = 64  # the gateway's bound on request JSON (api/json_body.py) too
-
-
-def loads_bounded(text: str) -> Any:
-    """json.loads for text the gateway did not check (model output): ValueError, never
-    RecursionError, for a value nested past MAX_JSON_DEPTH."""
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise ValueError("the JSON value nests too deeply") from None
-    if too_deep(value):
-        raise ValueError("the JSON value nests too deeply")
-    return value
-
-
-def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether arrays/objects in `value` nest more than `limit` levels (iterative: a value
-    too deep for recursion is still measured)."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            if depth >= limit:
-                return True
-            stack.extend((v, depth + 1) for v in item if isinstance(v, list | dict))
-    return False
-
 
 @dataclass(slots=True)
 class ToolCall:

@@ -4,7 +4,9 @@ open with `{` is content; one that does is decided when it ends (a call if it pa
 
 from __future__ import annotations
 
-from minisgl_gateway.agent.base import ToolCall, ToolDelta, ToolParser, loads_bounded, parse_call
+from minisgl_core.bounded_json import loads_bounded
+
+from minisgl_gateway.agent.base import ToolCall, ToolDelta, ToolParser, parse_call
 
 PYTHON_TAG = "<|python_tag|>"
 

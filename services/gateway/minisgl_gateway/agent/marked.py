@@ -13,7 +13,9 @@ import re
 import secrets
 from typing import ClassVar
 
-from minisgl_gateway.agent.base import ToolCall, ToolDelta, ToolParser, hold, loads_bounded, parse_call
+from minisgl_core.bounded_json import loads_bounded
+
+from minisgl_gateway.agent.base import ToolCall, ToolDelta, ToolParser, hold, parse_call
 
 
 class MarkedCalls(ToolParser):

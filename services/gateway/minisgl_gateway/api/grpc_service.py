@@ -180,15 +180,21 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                 gen.close()
         metrics.GRPC_REQUESTS.labels(method, "OK").inc()
 
+    async def _caller_job(self, method: str, request: object, large: bool,
+                          context: grpc.aio.ServicerContext) -> Job:
+        """The call's job with what the caller's metadata adds: session, salt, tenant."""
+        job = await self._job(method, request, large)
+        job.session = _session(context) or job.user
+        job.cache_salt = self._salt(context, job.cache_salt)
+        job.tenant = self._tenant(context)
+        return job
+
     async def _unary(self, method: str, request: object, context: grpc.aio.ServicerContext
                      ) -> generation_pb2.GenerateResponse:
         large = isinstance(request, _Deferred)
         request = await _materialize(request)
         async with self._call(method, context, request) as held:
-            job = await self._job(method, request, large)
-            job.session = _session(context) or job.user
-            job.cache_salt = self._salt(context, job.cache_salt)
-            job.tenant = self._tenant(context)
+            job = await self._caller_job(method, request, large, context)
             with self.gateway.admit(job.tenant):
                 gen = Generation(self.gateway, job)
                 held.append(gen)
@@ -207,10 +213,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         large = isinstance(request, _Deferred)
         request = await _materialize(request)
         async with self._call(method, context, request) as held:
-            job = await self._job(method, request, large)
-            job.session = _session(context) or job.user
-            job.cache_salt = self._salt(context, job.cache_salt)
-            job.tenant = self._tenant(context)
+            job = await self._caller_job(method, request, large, context)
             request_id = REQUEST_ID.get() or secrets.token_hex(12)
             with self.gateway.admit(job.tenant):
                 gen = Generation(self.gateway, job)

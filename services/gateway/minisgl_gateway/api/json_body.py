@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from minisgl_core.bounded_json import MAX_JSON_DEPTH
 from minisgl_core.serving import BYTES_PER_CONTEXT_TOKEN
 
 from minisgl_gateway.errors import invalid
-
-MAX_JSON_DEPTH = 64  # arrays/objects inside one another; no real schema or tool list comes close
 
 
 def string_limit(max_items: int) -> int:
