@@ -72,7 +72,9 @@ def test_model_config_and_context_length(mc: ModelConfig) -> None:
     assert startup.context_length(_config(max_model_len=100), mc) == 100
     windowed = startup.load_model_config(_config(hf_overrides={"sliding_window": 64,
                                                                "use_sliding_window": True}))
-    assert startup.context_length(_config(), windowed) == 64
+    # windows are computed, not a cap on the context
+    assert startup.context_length(_config(), windowed) == windowed.max_position_embeddings
+    assert windowed.layer_window(0) == 64 and mc.layer_window(0) is None
     # EOS ids past an overridden vocabulary are dropped (the tiny model's are 0 and 2).
     small = startup.load_model_config(_config(hf_overrides={"vocab_size": 2}))
     assert sorted(mc.eos_token_ids) == [0, 2] and small.eos_token_ids == [0]

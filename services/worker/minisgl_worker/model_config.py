@@ -26,6 +26,10 @@ def refuse_quantized(d: dict[str, Any]) -> None:
                      "checkpoint (optionally with --quantization fp8)")
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")  # rope_scaling kinds layers/rotary.py computes
+
+
 @dataclass
 class ModelConfig:
     architecture: str
@@ -44,7 +48,7 @@ class ModelConfig:
     attention_bias: bool
     eos_token_ids: list[int]
     torch_dtype: str | None
-    sliding_window: int | None  # only when the model really uses one (Mistral v0.1)
+    sliding_window: int | None  # only when the model really uses one (Mistral v0.1, Gemma 3)
     # mixture of experts (Qwen3-MoE); num_experts == 0 for dense models
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -52,7 +56,16 @@ class ModelConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
+    # per layer "full_attention" or "sliding_attention" (HF `layer_types`); [] : every layer the
+    # same, windowed when `sliding_window` is set
+    layer_types: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of `layer` in tokens, or None for full attention."""
+        if self.layer_types:
+            return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+        return self.sliding_window
 
     def is_moe_layer(self, layer: int) -> bool:
         return (self.num_experts > 0 and layer not in self.mlp_only_layers
@@ -74,10 +87,25 @@ class ModelConfig:
             scaling["rope_type"] = kind
             if kind == "default":
                 scaling = None
+            elif kind not in ROPE_TYPES:
+                raise ValueError(f"config.json rope_scaling type {kind!r} is not supported "
+                                 f"(supported: {', '.join(ROPE_TYPES)})")
         heads = d["num_attention_heads"]
         eos = d.get("eos_token_id")
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         uses_window = d.get("use_sliding_window", True) and d.get("sliding_window")
+        layer_types = list(d.get("layer_types") or [])
+        unknown = sorted({t for t in layer_types} - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"config.json layer_types {unknown[0]!r} is not supported "
+                             f"(supported: {', '.join(LAYER_TYPES)})")
+        if layer_types and len(layer_types) != d["num_hidden_layers"]:
+            raise ValueError(f"config.json layer_types has {len(layer_types)} entries for "
+                             f"{d['num_hidden_layers']} layers")
+        if "sliding_attention" in layer_types and not uses_window:
+            # HF configs keep the types when the window is switched off (Qwen2's
+            # use_sliding_window: false): every layer then attends fully.
+            layer_types = []
         return cls(
             architecture=archs[0],
             hidden_size=d["hidden_size"],
@@ -102,6 +130,7 @@ class ModelConfig:
             norm_topk_prob=bool(d.get("norm_topk_prob", False)),
             decoder_sparse_step=d.get("decoder_sparse_step", 1) or 1,
             mlp_only_layers=list(d.get("mlp_only_layers") or []),
+            layer_types=layer_types,
             raw=d,
         )
 

@@ -3,8 +3,10 @@
     create_backend("torch", config, pool)
     create_backend("auto", config, pool, prefill="fa3", decode="flashinfer")   # hybrid
 
-A name that is unknown, not built, or unable to run on this device raises `BackendUnavailable`
-at start-up: never a silent fallback to another backend.
+A name that is unknown, not built, unable to run on this device, or without a kernel for a
+feature the model's layers need (`LayerAttention`: windows, soft-caps, sinks) raises
+`BackendUnavailable` at start-up: never a silent fallback to another backend. Only "auto" chooses,
+and it chooses a backend that can serve every layer.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ import importlib
 import torch
 
 from .. import env
-from .base import AttentionBackend, AttentionConfig, BackendUnavailable, ForwardBatch
+from .base import (
+    PLAIN,
+    AttentionBackend,
+    AttentionConfig,
+    BackendUnavailable,
+    ForwardBatch,
+    LayerAttention,
+)
 from .kv_pool import KVPool
 
 # name -> (module under this package, class, needs a CUDA device)
@@ -79,8 +88,8 @@ class HybridBackend(AttentionBackend):
         self._active.prepare(batch)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                kv_stored: bool = False) -> torch.Tensor:
-        return self._active.forward(q, k, v, layer_id, kv_stored=kv_stored)
+                kv_stored: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        return self._active.forward(q, k, v, layer_id, kv_stored=kv_stored, sinks=sinks)
 
     def store_loc(self) -> torch.Tensor | None:
         return self._active.store_loc()
@@ -129,9 +138,41 @@ def auto_prefill_name(base: str, config: AttentionConfig,
     return "fa3"
 
 
-def create_backend(name: str, config: AttentionConfig, pool: KVPool,
-                   prefill: str | None = None, decode: str | None = None) -> AttentionBackend:
-    """`name` for every step, unless `prefill` or `decode` overrides one kind (hybrid)."""
+def refusal(cls: type[AttentionBackend], layers: tuple[LayerAttention, ...]) -> str | None:
+    """Why `cls` cannot serve a model whose layers are `layers` (the first reason), or None."""
+    for i, spec in enumerate(layers or (PLAIN,)):
+        why = cls.unsupported(spec)
+        if why:
+            return f"layer {i}: {why}"
+    return None
+
+
+# What "auto" falls back to, in order, when its pick has no kernel for a model's layers.
+_AUTO_FALLBACKS = ("triton", "torch")
+
+
+def _serving(name: str, auto: bool, layers: tuple[LayerAttention, ...],
+             device: torch.device) -> str:
+    """`name`, if its backend can serve `layers`; for an "auto" pick the first fallback that
+    can; else BackendUnavailable naming the feature."""
+    why = refusal(backend_class(name, device), layers)
+    if why is None:
+        return name
+    if auto:
+        for other in _AUTO_FALLBACKS:
+            try:
+                if refusal(backend_class(other, device), layers) is None:
+                    return other
+            except BackendUnavailable:
+                continue
+    raise BackendUnavailable(f"attention backend {name!r} cannot serve this model ({why}); "
+                             "use --attention-backend auto or torch")
+
+
+def choose_names(name: str, config: AttentionConfig, prefill: str | None = None,
+                 decode: str | None = None) -> tuple[str, str]:
+    """The concrete (prefill, decode) backend names for `name` and the overrides, each able to
+    serve the model's layers (or BackendUnavailable)."""
     device = config.device
     base = resolve_name(name, device)
     if prefill:
@@ -144,6 +185,16 @@ def create_backend(name: str, config: AttentionConfig, pool: KVPool,
         d_name = auto_decode_name(base)
     else:
         d_name = base
+    p_name = _serving(p_name, not prefill and name == "auto", config.layers, device)
+    d_name = _serving(d_name, not decode and name == "auto", config.layers, device)
+    return p_name, d_name
+
+
+def create_backend(name: str, config: AttentionConfig, pool: KVPool,
+                   prefill: str | None = None, decode: str | None = None) -> AttentionBackend:
+    """`name` for every step, unless `prefill` or `decode` overrides one kind (hybrid)."""
+    device = config.device
+    p_name, d_name = choose_names(name, config, prefill, decode)
     p_cls, d_cls = backend_class(p_name, device), backend_class(d_name, device)
     p = p_cls(config, pool)
     if d_name == p_name:
@@ -159,6 +210,6 @@ def describe(backend: AttentionBackend) -> str:
 
 __all__ = [
     "AttentionBackend", "AttentionConfig", "BackendUnavailable", "ForwardBatch", "HybridBackend",
-    "BACKEND_NAMES", "auto_decode_name", "auto_prefill_name", "backend_class", "create_backend", "describe",
-    "resolve_name",
+    "LayerAttention", "PLAIN", "BACKEND_NAMES", "auto_decode_name", "auto_prefill_name",
+    "backend_class", "choose_names", "create_backend", "describe", "refusal", "resolve_name",
 ]

@@ -17,8 +17,16 @@ request's cached prefix plus the new tokens up to and including itself (causal),
 request i owns tokens qo_indptr[i]:qo_indptr[i+1]. A batch can mix prefills, prefill chunks
 (cache_len > 0, several tokens) and decodes (one token); `is_decode` says every request feeds
 exactly one token, which is what decode kernels and CUDA graphs want. GQA: query head h reads kv
-head h // (num_qo_heads // num_kv_heads). Scale is `AttentionConfig.scale`; no sliding window, no
-soft-cap (none of the supported models use them).
+head h // (num_qo_heads // num_kv_heads). The softmax scale is
+`AttentionConfig.scale` (the model's: `CausalLM.attention_scale`).
+
+Per-layer features (`AttentionConfig.layers[layer_id]`, a `LayerAttention`): a sliding window (a
+query at position p sees keys p - window + 1 .. p), a soft cap on the logits
+(cap * tanh(logit / cap)) and attention sinks (one learned logit a
+query head that joins every softmax's denominator and adds nothing to the output; the layer hands
+the [num_qo_heads] fp32 tensor to `forward(..., sinks=)`). A backend states what it computes in
+`unsupported(spec)`; `create_backend` refuses an explicit backend that cannot serve a model's
+layers, naming the feature, and "auto" picks one that can.
 
 CUDA graphs (decode only, optional: `supports_cuda_graph`): the graph runner calls
 `init_cuda_graph(max_bs)` once, then for each captured batch size `prepare_for_capture(batch)`
@@ -56,11 +64,38 @@ class BackendUnavailable(RuntimeError):
 
 
 @dataclass(frozen=True)
+class LayerAttention:
+    """What one layer's attention computes beyond plain causal softmax attention."""
+
+    window: int | None = None  # sliding window in tokens, the query itself included
+    softcap: float | None = None  # logits -> softcap * tanh(logits / softcap)
+    sinks: bool = False  # forward() receives per-head sink logits
+
+    @property
+    def plain(self) -> bool:
+        return self.window is None and self.softcap is None and not self.sinks
+
+    def features(self) -> list[str]:
+        """The non-plain features by name, for messages."""
+        out = []
+        if self.window is not None:
+            out.append(f"sliding window {self.window}")
+        if self.softcap is not None:
+            out.append(f"logit soft-cap {self.softcap}")
+        if self.sinks:
+            out.append("attention sinks")
+        return out
+
+
+PLAIN = LayerAttention()
+
+
+@dataclass(frozen=True)
 class AttentionConfig:
     num_qo_heads: int  # per TP rank
     num_kv_heads: int  # per TP rank
     head_dim: int
-    scale: float  # softmax scale, head_dim ** -0.5 for every supported model
+    scale: float  # softmax scale (the model's; head_dim ** -0.5 for most)
     page_size: int
     max_slots: int
     max_pages_per_seq: int
@@ -68,6 +103,10 @@ class AttentionConfig:
     dtype: torch.dtype  # activations (q, k, v, output)
     device: torch.device
     kv_dtype: torch.dtype | None = None  # KV cache elements; None: as dtype (fp8: half the bytes)
+    layers: tuple[LayerAttention, ...] = ()  # per layer; () or a missing entry: PLAIN
+
+    def layer(self, layer_id: int) -> LayerAttention:
+        return self.layers[layer_id] if layer_id < len(self.layers) else PLAIN
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -147,15 +186,23 @@ class AttentionBackend(ABC):
         The default accepts any device (the torch reference backend)."""
         return None
 
+    @classmethod
+    def unsupported(cls, spec: LayerAttention) -> str | None:
+        """Why this backend cannot compute a layer described by `spec`, or None if it can. The
+        default: plain layers only."""
+        feats = spec.features()
+        return f"no kernel for {', '.join(feats)}" if feats else None
+
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:
         """Once per step, outside any CUDA graph: plan the step's kernels."""
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                kv_stored: bool = False) -> torch.Tensor:
+                kv_stored: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Store k/v at the step's out_loc in layer `layer_id` (unless `kv_stored`: the caller
-        wrote them at `store_loc()`), attend, return [T, Hq, D]."""
+        wrote them at `store_loc()`), attend, return [T, Hq, D]. `sinks`: the layer's sink
+        logits [Hq] when its `LayerAttention.sinks` is set."""
 
     def store_loc(self) -> torch.Tensor | None:
         """This step's flat KV slots [T] int64 as forward's store reads them (a static buffer

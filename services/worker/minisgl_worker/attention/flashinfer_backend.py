@@ -192,7 +192,7 @@ class FlashInferBackend(AttentionBackend):
         return self._out_loc  # under CUDA graphs the static _graph_out_loc slice
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                kv_stored: bool = False) -> torch.Tensor:
+                kv_stored: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
         if self._active is None or self._out_loc is None:
             raise RuntimeError(f"{type(self).__name__}.forward before prepare")
         if not kv_stored:

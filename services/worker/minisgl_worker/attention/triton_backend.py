@@ -90,7 +90,7 @@ class TritonBackend(AttentionBackend):
         return self._meta.out_loc if self._meta is not None else None  # graph: g.out_loc slice
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                kv_stored: bool = False) -> torch.Tensor:
+                kv_stored: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
         m = self._meta
         if m is None:
             raise RuntimeError("TritonBackend.forward before prepare")

@@ -41,6 +41,10 @@ from ..attention.kv_pool import KVPool
 
 log = logging.getLogger(__name__)
 
+# Where a piece ends: the layer whose attention runs there, whether its K/V were stored already,
+# and its sink logits (a parameter: the same tensor at capture and replay).
+Cut = tuple[int, bool, "torch.Tensor | None"]
+
 ModelForward = Callable[[torch.Tensor, torch.Tensor, AttentionBackend], torch.Tensor]
 
 
@@ -67,7 +71,7 @@ class _Cut(AttentionBackend):
     def __init__(self, owner: PiecewiseGraphs, size: int, mode: str, rows: int = 0) -> None:
         super().__init__(owner.backend.config, owner.pool)
         self.owner, self.size, self.mode, self.rows = owner, size, mode, rows
-        self.cuts: list[tuple[int, bool]] = []  # (layer_id, kv_stored) at each cut, in order
+        self.cuts: list[Cut] = []  # (layer_id, kv_stored, sinks) at each cut, in order
         self.pieces: list[torch.cuda.CUDAGraph] = []
         self.graph: torch.cuda.CUDAGraph | None = None
 
@@ -88,18 +92,18 @@ class _Cut(AttentionBackend):
         self.graph = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                kv_stored: bool = False) -> torch.Tensor:
+                kv_stored: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
         o, s = self.owner, self.size
         o.q[:s].copy_(q)
         if not kv_stored:
             o.k[:s].copy_(k)
             o.v[:s].copy_(v)
-        self.cuts.append((layer_id, kv_stored))
+        self.cuts.append((layer_id, kv_stored, sinks))
         if self.mode == "capture":
             self.end()
             self.begin()
         elif self.mode == "eager":
-            o.attend(layer_id, kv_stored, self.rows)
+            o.attend(layer_id, kv_stored, self.rows, sinks)
         return o.out[:s]
 
 
@@ -112,7 +116,7 @@ class PiecewiseGraphs:
         self.max_tokens = self.sizes[-1]
         self.mempool = None if eager else torch.cuda.graph_pool_handle()
         self._pieces: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        self._cuts: dict[int, list[tuple[int, bool]]] = {}
+        self._cuts: dict[int, list[Cut]] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self.replays = 0  # steps served (for metrics and tests)
         c, n, dev = backend.config, self.max_tokens, self.device
@@ -165,10 +169,12 @@ class PiecewiseGraphs:
         raise ValueError(f"a step of {num_tokens} tokens exceeds the largest size "
                          f"({self.max_tokens})")
 
-    def attend(self, layer_id: int, kv_stored: bool, rows: int) -> None:
-        """The real attention of one layer on the step's rows, between two pieces."""
+    def attend(self, layer_id: int, kv_stored: bool, rows: int,
+               sinks: torch.Tensor | None = None) -> None:
+        """The real attention of one layer on the step's rows, between two pieces (`sinks`: the
+        layer's parameter, the same tensor at capture and replay)."""
         out = self.backend.forward(self.q[:rows], self.k[:rows], self.v[:rows], layer_id,
-                                   kv_stored=kv_stored)
+                                   kv_stored=kv_stored, sinks=sinks)
         self.out[:rows].copy_(out)
 
     def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -188,9 +194,9 @@ class PiecewiseGraphs:
             cut = _Cut(self, size, "eager", rows=t)
             return self.model(self.input_ids[:size], self.positions[:size], cut)[:t]
         pieces = self._pieces[size]
-        for piece, (layer_id, kv_stored) in zip(pieces, self._cuts[size], strict=False):
+        for piece, (layer_id, kv_stored, sinks) in zip(pieces, self._cuts[size], strict=False):
             piece.replay()
-            self.attend(layer_id, kv_stored, t)
+            self.attend(layer_id, kv_stored, t, sinks)
         pieces[-1].replay()
         return self._outputs[size][:t]
 

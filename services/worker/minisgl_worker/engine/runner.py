@@ -38,6 +38,7 @@ from .piecewise_graph import PiecewiseGraphs
 from .startup import (
     capture_decode_graphs,
     capture_piecewise_graphs,
+    check_backend_features,
     check_backend_names,
     choose_backend,
     choose_vocab_shard,
@@ -87,6 +88,7 @@ class ModelRunner:
         self.kv_dtype = config.torch_kv_dtype(device)
         check_backend_names(config, device)
         self.model_config = mc = load_model_config(config)
+        check_backend_features(config, mc, device)
         self.max_model_len = context_length(config, mc)
         heads, kv_heads = shard_heads(mc)
         self.model = load_weights(config, mc, self.max_model_len, device, self.dtype)

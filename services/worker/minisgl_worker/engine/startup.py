@@ -3,6 +3,7 @@
     prepare_rank              switches, page size, device, quantization (before any spawning)
     check_backend_names       a bad attention backend name fails before any loading
     load_model_config         the HF config (EOS ids outside the vocabulary dropped)
+    check_backend_features    the backends have kernels for the model's layers (windows, ...)
     context_length            the longest sequence served
     shard_heads               this rank's attention and KV heads
     load_weights              the model on the device
@@ -34,13 +35,20 @@ from minisgl_core.config import DEFAULT_MAX_PREFILL_TOKENS
 
 from .. import distributed as dist
 from .. import env
-from ..attention import AttentionBackend, AttentionConfig, backend_class, create_backend, resolve_name
+from ..attention import (
+    AttentionBackend,
+    AttentionConfig,
+    backend_class,
+    choose_names,
+    create_backend,
+    resolve_name,
+)
 from ..attention.kv_pool import KVPool
 from ..config import EngineConfig
 from ..fp8 import check_supported as check_quantization
 from ..loader import load_model
 from ..model_config import ModelConfig
-from ..models import CausalLM
+from ..models import CausalLM, model_class
 from ..sampling import Sampler
 from ..sampling.grammar import find_tokenizer
 from ..sampling.sharded import FLOAT32_EXACT_IDS, VocabShard
@@ -86,14 +94,30 @@ def load_model_config(config: EngineConfig) -> ModelConfig:
 
 
 def context_length(config: EngineConfig, mc: ModelConfig) -> int:
-    """--max-model-len, else the model's; capped at a sliding window, which is not
-    implemented (every token attends to the whole window instead)."""
-    length = config.max_model_len or mc.max_position_embeddings
-    if mc.sliding_window and mc.sliding_window < length:
-        log.warning("sliding-window attention is not implemented: capping max_model_len "
-                    "at the window (%d)", mc.sliding_window)
-        length = mc.sliding_window
-    return length
+    """--max-model-len, else the model's."""
+    return config.max_model_len or mc.max_position_embeddings
+
+
+def attention_config(config: EngineConfig, mc: ModelConfig, heads: int, kv_heads: int,
+                     page_size: int, max_pages_per_seq: int, max_model_len: int,
+                     dtype: torch.dtype, kv_dtype: torch.dtype,
+                     device: torch.device) -> AttentionConfig:
+    """What the attention backends compute for this model on this rank."""
+    cls = model_class(mc.architecture)
+    return AttentionConfig(heads, kv_heads, mc.head_dim, cls.attention_scale(mc), page_size,
+                           config.max_slots, max_pages_per_seq, max_model_len, dtype, device,
+                           kv_dtype=kv_dtype, layers=cls.attention_layers(mc))
+
+
+def check_backend_features(config: EngineConfig, mc: ModelConfig, device: torch.device) -> None:
+    """Raises when the chosen attention backend has no kernel for a feature the model's layers
+    need (a sliding window, a soft-cap, sinks): before the weights load. "auto" always finds
+    one (attention.choose_names)."""
+    heads, kv_heads = shard_heads(mc)
+    attn_cfg = attention_config(config, mc, heads, kv_heads, 1, 1, 1, config.torch_dtype(device),
+                                config.torch_kv_dtype(device), device)
+    choose_names(config.attention_backend, attn_cfg, config.prefill_attention_backend,
+                 config.decode_attention_backend)
 
 
 def shard_heads(mc: ModelConfig) -> tuple[int, int]:
@@ -175,9 +199,9 @@ def choose_backend(config: EngineConfig, mc: ModelConfig, heads: int, pool: KVPo
                    max_model_len: int, dtype: torch.dtype) -> AttentionBackend:
     """--attention-backend (with the prefill / decode overrides: a hybrid) over `pool`; "auto"
     picks for the device (attention/__init__.py)."""
-    attn_cfg = AttentionConfig(heads, pool.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5,
-                               pool.page_size, config.max_slots, pool.max_pages_per_seq,
-                               max_model_len, dtype, pool.device, kv_dtype=pool.dtype)
+    attn_cfg = attention_config(config, mc, heads, pool.num_kv_heads, pool.page_size,
+                                pool.max_pages_per_seq, max_model_len, dtype, pool.dtype,
+                                pool.device)
     return create_backend(config.attention_backend, attn_cfg, pool,
                           config.prefill_attention_backend, config.decode_attention_backend)
 

@@ -31,6 +31,9 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.rotary = [rotary]  # a list: shared by every layer, not a submodule of each
+        # Attention sinks (gpt-oss): a model that has them sets a [num_heads] parameter here
+        # (this rank's heads), handed to the backend with every call.
+        self.sinks: torch.Tensor | None = None
 
     def defer_reduction(self) -> None:
         self.o_proj.defer_reduction()
@@ -49,12 +52,12 @@ class SelfAttention(nn.Module):
         loc = attn.store_loc() if fused_ops.usable(q) else None
         if loc is not None:
             self._fused_prologue(positions, q, k, v, attn, loc)
-            out = attn.forward(q, k, v, self.layer_id, kv_stored=True)
+            out = attn.forward(q, k, v, self.layer_id, kv_stored=True, sinks=self.sinks)
             return self.o_proj(out.reshape(t, q_size))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary[0](positions, q, k)
-        out = attn.forward(q, k, v, self.layer_id)
+        out = attn.forward(q, k, v, self.layer_id, sinks=self.sinks)
         return self.o_proj(out.reshape(t, q_size))
 
     def _fused_prologue(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import nn
 
-from ..attention.base import AttentionBackend
+from ..attention.base import AttentionBackend, LayerAttention
 from ..distributed import tp
 from ..layers.attention import SelfAttention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -82,16 +82,28 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Subclasses set the switches and, when needed, `make_mlp` / `weight_target`."""
+    """Subclasses set the switches and, when needed, `make_mlp` / `weight_target`, and the
+    attention they compute (`attention_layers`, `attention_scale`)."""
 
     qkv_bias: ClassVar[bool] = False
     qk_norm: ClassVar[bool] = False
+
+    @classmethod
+    def attention_layers(cls, cfg: ModelConfig) -> tuple[LayerAttention, ...]:
+        """What each layer's attention computes beyond plain causal attention (the backends
+        check they can serve it at start-up): a sliding window where the config sets one."""
+        return tuple(LayerAttention(window=cfg.layer_window(i)) for i in range(cfg.num_layers))
+
+    @classmethod
+    def attention_scale(cls, cfg: ModelConfig) -> float:
+        """The softmax scale of every layer."""
+        return float(cfg.head_dim) ** -0.5
 
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta,
-                                      cfg.rope_scaling)
+                                      cfg.rope_scaling, cfg.max_position_embeddings)
         layers = [DecoderLayer(cfg, i, self.rotary, self.make_mlp(cfg, i), self.qkv_bias,
                                self.qk_norm) for i in range(cfg.num_layers)]
         self.model = DecoderModel(cfg, layers)

@@ -1,6 +1,6 @@
-"""Llama 2/3.x (Llama-3 rope scaling comes from config.json) and Mistral, which shares the
-architecture: no QKV bias, no q/k norm, SwiGLU MLP. Mistral's sliding window is not implemented;
-the engine caps the context at the window instead (where it would change nothing)."""
+"""Llama 2/3.x (rope scaling comes from config.json) and Mistral, which shares the architecture:
+no QKV bias, no q/k norm, SwiGLU MLP; Mistral v0.1's sliding window (config `sliding_window`)
+windows every layer."""
 
 from __future__ import annotations
 
