@@ -106,10 +106,11 @@ def test_torch_backend_features_match_a_dense_reference(spec: LayerAttention) ->
 
 
 def test_a_backend_without_the_kernel_is_refused_naming_the_feature() -> None:
-    layers = (PLAIN, LayerAttention(window=128, sinks=True))
+    layers = (PLAIN, LayerAttention(window=128, sinks=True), LayerAttention(softcap=30.0))
     assert refusal(TorchBackend, layers) is None
+    assert refusal(TritonBackend, layers[:2]) is None
     why = refusal(TritonBackend, layers)
-    assert why is not None and "layer 1" in why and "sliding window 128" in why
+    assert why is not None and "layer 2" in why and "soft-cap 30.0" in why
     cfg = AttentionConfig(4, 2, 16, 0.25, 4, 2, 4, 16, torch.float32, torch.device("cpu"),
                           layers=layers)
     assert choose_names("auto", cfg) == ("torch", "torch")  # auto finds one that can
@@ -118,10 +119,23 @@ def test_a_backend_without_the_kernel_is_refused_naming_the_feature() -> None:
 
 def test_explicit_backend_that_cannot_serve_the_model_fails_at_start_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before any weight loads: a model whose layers need a soft-cap, on --attention-backend
+    triton (no soft-cap kernel), stops with one line naming the layer and the feature."""
+    pytest.importorskip("triton")
+    from minisgl_worker.engine import startup
+    from minisgl_worker.models.llama import MistralForCausalLM
+
     _windowed_mistral(tmp_path)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    pytest.importorskip("triton")
-    with pytest.raises(BackendUnavailable, match="sliding window 6") as err:
+    monkeypatch.setattr(MistralForCausalLM, "attention_layers",
+                        classmethod(lambda cls, cfg: (PLAIN, LayerAttention(softcap=50.0))))
+
+    def no_loading(*args: object, **kw: object) -> None:
+        raise AssertionError("weights loaded before the backend check")
+
+    monkeypatch.setattr(startup, "load_model", no_loading)
+    with pytest.raises(BackendUnavailable, match="layer 1: no kernel for logit soft-cap 50.0"
+                       ) as err:
         Engine(EngineConfig(model_path=str(tmp_path), page_size=4, num_pages=16, max_slots=2,
                             attention_backend="triton"))
     assert "\n" not in str(err.value)

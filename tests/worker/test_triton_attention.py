@@ -51,14 +51,23 @@ class Pool:
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
-              scale: float) -> torch.Tensor:
-    """q [n, H, D] at positions prefix.. attending causally over k, v [prefix + n, Hkv, D]."""
+              scale: float, window: int | None = None,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [n, H, D] at positions prefix.. attending causally over k, v [prefix + n, Hkv, D];
+    `window`: keys more than window - 1 back masked; `sinks` [H]: an extra logit a head."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
     q_pos = prefix + torch.arange(q.shape[0])[:, None]
-    scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > q_pos, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double()).float()
+    k_pos = torch.arange(k.shape[0])[None, :]
+    hidden = (k_pos > q_pos) | (k_pos <= q_pos - window if window else False)
+    scores = scores.masked_fill(hidden, float("-inf"))
+    if sinks is not None:
+        sink = sinks.double().view(-1, 1, 1).expand(-1, scores.shape[1], 1)
+        probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+    else:
+        probs = scores.softmax(-1)
+    return torch.einsum("hqk,khd->qhd", probs, v.double()).float()
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16, 64, 128])  # 64, 128: one page id a block
@@ -183,6 +192,48 @@ def test_extend_empty_batch_and_untouched_padding():
     out = paged_extend.paged_extend(q, pool.k, pool.v, pool.table, empty,
                                     torch.zeros(1, dtype=torch.int32), empty, 0, 1.0)
     assert out.shape == (0, 2, HEAD_DIM)
+
+
+@pytest.mark.parametrize(("window", "with_sinks"), [(8, False), (20, True), (None, True),
+                                                     (1, False)])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_window_and_sinks_match_reference(window: int | None, with_sinks: bool,
+                                                 splits: int):
+    """Sliding windows shorter and longer than rows, with and without sinks, one split and
+    split-K (the sink enters in the merge)."""
+    lens = [1, 37, 5, 70, 16]
+    pool = Pool(lens, 4, 2, seed=11)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(len(lens), 4, HEAD_DIM, generator=gen)
+    sinks = torch.randn(4, generator=gen) * 2 if with_sinks else None
+    expect = torch.stack([reference(q[b : b + 1], *pool.kv_of(b), lens[b] - 1, 0.3, window,
+                                    sinks)[0] for b in range(len(lens))])
+    out = paged_decode.paged_decode(q, pool.k, pool.v, pool.table, pool.rows,
+                                    torch.tensor(lens, dtype=torch.int32), 0.3,
+                                    num_splits=splits, block_n=16, window=window, sinks=sinks)
+    torch.testing.assert_close(out, expect, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(("window", "with_sinks"), [(8, False), (5, True), (None, True),
+                                                     (1, False), (40, False)])
+def test_extend_window_and_sinks_match_reference(window: int | None, with_sinks: bool):
+    """Windows that start inside a chunk, inside the cached prefix and before position 0,
+    across query blocks (block_m 16 < the 19- and 33-token chunks)."""
+    reqs = [(0, 7), (13, 5), (3, 1), (20, 19), (16, 33)]
+    lens = [p + n for p, n in reqs]
+    pool = Pool(lens, 4, 2, seed=13)
+    new = [n for _, n in reqs]
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(sum(new), 4, HEAD_DIM, generator=gen)
+    sinks = torch.randn(4, generator=gen) * 2 if with_sinks else None
+    cu = torch.tensor([0] + new, dtype=torch.int32).cumsum(0).to(torch.int32)
+    prefix = torch.tensor([p for p, _ in reqs], dtype=torch.int32)
+    out = paged_extend.paged_extend(q, pool.k, pool.v, pool.table, pool.rows, cu, prefix,
+                                    max(new), 0.37, block_m=16, block_n=16, window=window,
+                                    sinks=sinks)
+    for b, (p, _) in enumerate(reqs):
+        expect = reference(q[cu[b] : cu[b + 1]], *pool.kv_of(b), p, 0.37, window, sinks)
+        torch.testing.assert_close(out[cu[b] : cu[b + 1]], expect, atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])

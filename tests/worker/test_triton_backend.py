@@ -13,7 +13,11 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from minisgl_worker.attention.base import AttentionConfig, ForwardBatch  # noqa: E402
+from minisgl_worker.attention.base import (  # noqa: E402
+    AttentionConfig,
+    ForwardBatch,
+    LayerAttention,
+)
 from minisgl_worker.attention.kv_pool import KVPool  # noqa: E402
 from minisgl_worker.attention.torch_backend import TorchBackend  # noqa: E402
 from minisgl_worker.attention.triton_backend import TritonBackend  # noqa: E402
@@ -120,6 +124,36 @@ def test_matches_torch_backend_over_prefill_extend_and_decode(kv_dtype):
                                pools[1].k[layer].view(torch.uint8))
             assert torch.equal(pools[0].v[layer].view(torch.uint8),
                                pools[1].v[layer].view(torch.uint8))
+
+
+def test_windows_and_sinks_match_torch_backend_eager_and_graph():
+    """Layer 0 windowed (3 tokens) with sinks, layer 1 windowed (6): prefill, extend, mixed and
+    decode steps (eager, and padded through the CUDA-graph buffers) against the torch backend."""
+    layers = (LayerAttention(window=3, sinks=True), LayerAttention(window=6))
+    cfg = CFG.__class__(**{**CFG.__dict__, "layers": layers})
+    sinks = [torch.tensor([0.5, -1.0, 2.0, 0.0]), None]
+    pools = [make_pool(3), make_pool(3), make_pool(3)]
+    ref, tri, graph = (TorchBackend(cfg, pools[0]), TritonBackend(cfg, pools[1]),
+                       TritonBackend(cfg, pools[2]))
+    graph.init_cuda_graph(4)
+    steps = [[(1, 0, 6), (3, 5, 3)], [(1, 6, 1), (3, 8, 1)], [(4, 0, 9), (1, 7, 1), (3, 9, 4)],
+             [(4, 9, 1), (1, 8, 1), (3, 13, 1)]]
+    for i, reqs in enumerate(steps):
+        outs = []
+        for backend, pool in zip((ref, tri, graph), pools, strict=True):
+            decode_graph = backend is graph and all(e == 1 for _, _, e in reqs)
+            batch = make_batch(pool, reqs, pad_to=4 if decode_graph else 0)
+            if decode_graph:
+                backend.prepare_for_replay(batch)
+            else:
+                backend.prepare(batch)
+            q, k, v = qkv(sum(e for _, _, e in reqs), seed=20 + i)
+            pad = batch.num_tokens - q.shape[0]
+            q, k, v = (torch.cat([t, torch.randn(pad, *t.shape[1:])]) for t in (q, k, v))
+            outs.append(torch.stack([backend.forward(q, k, v, layer, sinks=sinks[layer])
+                                     for layer in range(LAYERS)])[:, : q.shape[0] - pad])
+        torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(outs[2], outs[0], atol=2e-5, rtol=2e-5)
 
 
 def test_cuda_graph_path_with_padding():

@@ -6,6 +6,7 @@ CUDA graph: the kernels read the page table, sequence lengths and output slots f
 buffers that `prepare_for_replay` refills, and the split count is fixed per captured batch size
 (splits past a request's length exit at once), so one graph serves every sequence length.
 Eager decode uses the same split count as the graph of its batch size, so the two agree exactly.
+Sliding windows and attention sinks are computed by both kernels; logit soft-caps are not.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from .. import env
-from .base import AttentionBackend, BackendUnavailable, ForwardBatch
+from .base import AttentionBackend, BackendUnavailable, ForwardBatch, LayerAttention
 
 
 @dataclass
@@ -61,6 +62,10 @@ class TritonBackend(AttentionBackend):
         except ImportError as exc:
             raise BackendUnavailable(f"the triton attention backend needs triton ({exc})") from exc
 
+    @classmethod
+    def unsupported(cls, spec: LayerAttention) -> str | None:
+        return f"no kernel for logit soft-cap {spec.softcap}" if spec.softcap is not None else None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         from ..kernels import paged_decode, paged_extend, store_kv
@@ -97,13 +102,14 @@ class TritonBackend(AttentionBackend):
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
         if not kv_stored:
             self._store.store_kv(k_cache, v_cache, k, v, m.out_loc)
+        window = self.config.layer(layer_id).window
         if m.is_decode:
             return self._decode.paged_decode(
                 q, k_cache, v_cache, m.page_table, m.rows, m.seq_lens, self.config.scale,
-                m.num_splits, workspace=m.workspace, order=m.order)
+                m.num_splits, workspace=m.workspace, order=m.order, window=window, sinks=sinks)
         return self._extend.paged_extend(
             q, k_cache, v_cache, m.page_table, m.rows, m.qo_indptr, m.cache_lens,
-            m.max_extend_len, self.config.scale)
+            m.max_extend_len, self.config.scale, window=window, sinks=sinks)
 
     # -- CUDA graphs -----------------------------------------------------------------------------
 

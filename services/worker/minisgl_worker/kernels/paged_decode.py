@@ -6,6 +6,11 @@ output and its log-sum-exp (base 2). Stage 2: program (b, head) merges the split
 tokens leaves lse = -inf and weighs nothing, so the split count can be fixed for a CUDA graph while
 sequence lengths change; a row with seq_len 0 (a padded graph row) yields zeros.
 
+Sliding-window layers (WINDOW > 0) read only the last WINDOW keys: the splits divide that range
+(started at a block boundary, the keys before it masked), so a windowed layer's decode costs the
+window, not the sequence. Attention sinks (a per-head logit in every softmax's denominator, no
+value) enter once: in the output of a single split, or in the merge.
+
 Two things keep an fp8 cache's loop near its (halved) byte count: the page ids of the next block
 are loaded one iteration ahead, so the K/V loads never wait on the page-table load; and fp8 K/V
 are upcast to fp16 (one conversion instruction, exact for both fp8 formats) with q in fp16 too,
@@ -25,6 +30,7 @@ from . import pdl
 from .pdl import begin as _pdl_begin
 
 _LOG2E = 1.4426950408889634
+LOG2E: tl.constexpr = tl.constexpr(_LOG2E)  # for the kernels (a global they may read)
 # Stage-1 programs (batch x KV heads x splits) worth launching: splits = the largest power of two
 # <= _TARGET_PROGRAMS / (batch x KV heads), so one split (the kernel writes the output itself: no
 # fp32 partials, no merge launch) from 512 programs on. Fitted on an H100 with the programs
@@ -35,6 +41,15 @@ _LOG2E = 1.4426950408889634
 _TARGET_PROGRAMS = 512
 _MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
+
+
+@triton.jit
+def _first_block(seq_len, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The first KV position a request's splits cover: 0, or for a window the block holding the
+    first key the query sees."""
+    if WINDOW > 0:
+        return (tl.maximum(seq_len - WINDOW, 0) // BLOCK_N) * BLOCK_N
+    return seq_len * 0
 
 
 @triton.jit
@@ -52,7 +67,7 @@ def _split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr):
 @triton.jit(do_not_specialize=["stride_pt"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens_ptr, order_ptr, part_o_ptr,
-    part_lse_ptr, out_ptr, qk_scale, num_splits,
+    part_lse_ptr, out_ptr, sinks_ptr, qk_scale, num_splits,
     stride_qb, stride_qh,
     stride_kp, stride_kt, stride_kh,
     stride_vp, stride_vt, stride_vh,
@@ -63,6 +78,7 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, MMA_FP16: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
     DIRECT: tl.constexpr = False, ORDERED: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+    WINDOW: tl.constexpr = 0, HAS_SINKS: tl.constexpr = False,
 ):
     _pdl_begin(USE_PDL)
     # Programs start in grid order: every KV head of a request, request after request, in
@@ -73,9 +89,11 @@ def _decode_split_kernel(
     b = tl.load(order_ptr + i) if ORDERED else i
     seq_len = tl.load(seq_lens_ptr + b)
     row = tl.load(rows_ptr + b).to(tl.int64)
-    per_split = _split_tokens(seq_len, num_splits, BLOCK_N)
-    start = split * per_split
+    first = _first_block(seq_len, WINDOW, BLOCK_N)
+    per_split = _split_tokens(seq_len - first, num_splits, BLOCK_N)
+    start = first + split * per_split
     end = tl.minimum(start + per_split, seq_len)
+    lowest = tl.maximum(seq_len - WINDOW, 0) if WINDOW > 0 else 0  # the first key seen
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -102,6 +120,7 @@ def _decode_split_kernel(
     for s in range(start, end, BLOCK_N):
         t = s + n
         t_mask = t < end
+        seen = t_mask & (t >= lowest) if WINDOW > 0 else t_mask
         off = t % PAGE_SIZE
         if WHOLE_PAGES:
             kv_base = next_page.to(tl.int64) * stride_kp + off[:, None] * stride_kt
@@ -118,8 +137,9 @@ def _decode_split_kernel(
         k = tl.load(k_ptr + kv_base + kvh * stride_kh + d[None, :], mask=kv_mask,
                     other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        qk = tl.where(t_mask[None, :], qk, float("-inf"))
+        qk = tl.where(seen[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -129,6 +149,10 @@ def _decode_split_kernel(
         m_i = m_new
 
     has = l_i > 0
+    if DIRECT and HAS_SINKS:  # the sink joins the one split's denominator (base-2 logits)
+        sink = tl.load(sinks_ptr + heads, mask=g_mask, other=0.0).to(tl.float32) * LOG2E
+        l_i = l_i + tl.exp2(sink - m_i)
+        has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     if DIRECT:  # one split: this is the answer, no partials and no merge
         tl.store(out_ptr + b.to(tl.int64) * stride_outb + heads[:, None] * stride_outh
@@ -144,10 +168,11 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, seq_lens_ptr, num_splits,
+    part_o_ptr, part_lse_ptr, out_ptr, seq_lens_ptr, sinks_ptr, num_splits,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False, WINDOW: tl.constexpr = 0,
+    HAS_SINKS: tl.constexpr = False,
 ):
     _pdl_begin(USE_PDL)
     b = tl.program_id(0)
@@ -155,17 +180,23 @@ def _decode_merge_kernel(
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     seq_len = tl.load(seq_lens_ptr + b)
-    s_mask = s * _split_tokens(seq_len, num_splits, BLOCK_N) < seq_len  # the splits with KV
+    span = seq_len - _first_block(seq_len, WINDOW, BLOCK_N)
+    s_mask = s * _split_tokens(span, num_splits, BLOCK_N) < span  # the splits with KV
     d_mask = d < HEAD_DIM
     lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask,
                   other=float("-inf"))
     top = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * LOG2E
+        top = tl.maximum(top, sink)
     top = tl.where(top == float("-inf"), 0.0, top)
     w = tl.exp2(lse - top)
     o = tl.load(part_o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh
                 + s[:, None] * stride_os + d[None, :],
                 mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     total = tl.sum(w, axis=0)
+    if HAS_SINKS:  # a split of its own with no value: only the denominator grows
+        total += tl.exp2(sink - top)
     out = tl.sum(o * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + b.to(tl.int64) * stride_outb + h * stride_outh + d,
              out.to(out_ptr.dtype.element_ty), mask=d_mask)
@@ -200,12 +231,14 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_n: int = _BLOCK_N,
                  workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
                  num_warps: int = 4, num_stages: int | None = None,
-                 order: torch.Tensor | None = None) -> torch.Tensor:
+                 order: torch.Tensor | None = None, window: int | None = None,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, D] -> [B, H, D]. rows [B]: page-table row of each request; seq_lens [B] int32:
     KV tokens (the current token's K/V already stored). `workspace` (partial outputs
     [B, H, S, D] fp32, lse [B, H, S] fp32) may be preallocated for CUDA graphs. `order` [B]
     int32, a permutation of 0..B-1: the requests in the order their programs start (longest
-    first shortens the kernel's tail); None: 0..B-1."""
+    first shortens the kernel's tail); None: 0..B-1. `window`: a sliding-window layer's window
+    in tokens; `sinks` [H]: attention-sink logits."""
     batch, num_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -228,7 +261,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     direct = num_splits == 1
     _decode_split_kernel[(batch * num_kv_heads, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, rows if order is None else order,
-        part_o, part_lse, out,
+        part_o, part_lse, out, q if sinks is None else sinks,
         sm_scale * _LOG2E, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -240,15 +273,16 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         PRECISION=precision, MMA_FP16=mma_fp16, NUM_KV_HEADS=num_kv_heads, DIRECT=direct,
         ORDERED=order is not None, num_warps=num_warps,
-        num_stages=num_stages, **launch,
+        num_stages=num_stages, WINDOW=window or 0, HAS_SINKS=sinks is not None, **launch,
     )
     if direct:
         return out
     _decode_merge_kernel[(batch, num_heads)](
-        part_o, part_lse, out, seq_lens, num_splits,
+        part_o, part_lse, out, seq_lens, q if sinks is None else sinks, num_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-        BLOCK_N=block_n, num_warps=4, **launch,
+        BLOCK_N=block_n, num_warps=4, WINDOW=window or 0, HAS_SINKS=sinks is not None,
+        **launch,
     )
     return out
