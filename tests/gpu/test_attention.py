@@ -35,9 +35,11 @@ from pathlib import Path
 import pytest
 import torch
 from minisgl_worker.attention.base import (
+    PLAIN,
     AttentionBackend,
     AttentionConfig,
     ForwardBatch,
+    LayerAttention,
 )
 from minisgl_worker.attention.kv_pool import KVPool
 from minisgl_worker.attention.torch_backend import TorchBackend
@@ -53,6 +55,9 @@ EXTEND_CASES = {  # name -> [(cached prefix, new tokens)]
     "mixed-prefill+decode": [(0, 400), (700, 200)] + [(100 + 37 * i, 1) for i in range(30)],
 }
 GRAPH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
+# The layer's features (--window, --sinks): what every backend and the reference compute.
+FEATURE: LayerAttention = PLAIN
+SINKS: torch.Tensor | None = None  # [HQ] fp32 on the device when --sinks
 
 
 def backend_class(name: str) -> type[AttentionBackend]:
@@ -124,7 +129,8 @@ class Case:
     def config(self, dtype: torch.dtype, max_slots: int) -> AttentionConfig:
         kv = self.kv_dtype if dtype != torch.float32 else torch.float32
         return AttentionConfig(HQ, HKV, D, D**-0.5, self.page_size, max_slots, self.max_pages,
-                               self.max_pages * self.page_size, dtype, DEV, kv_dtype=kv)
+                               self.max_pages * self.page_size, dtype, DEV, kv_dtype=kv,
+                               layers=(FEATURE,))
 
     def batch(self, pool: KVPool, pad_to: int = 0) -> ForwardBatch:
         cache = [c for c, _ in self.reqs]
@@ -165,7 +171,7 @@ def reference(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     pool = case.pool(torch.float32)
     backend = TorchBackend(case.config(torch.float32, len(case.reqs)), pool)
     backend.prepare(case.batch(pool))
-    out = backend.forward(case.q, case.new_k, case.new_v, 0)
+    out = backend.forward(case.q, case.new_k, case.new_v, 0, sinks=SINKS)
     return out, pool.k[0]
 
 
@@ -177,11 +183,11 @@ def check_backend(name: str, case: Case, ref: tuple[torch.Tensor, torch.Tensor],
     batch = case.batch(pool)
     q, k, v = (t.to(dtype) for t in (case.q, case.new_k, case.new_v))
     backend.prepare(batch)
-    out = backend.forward(q, k, v, 0)
+    out = backend.forward(q, k, v, 0, sinks=SINKS)
     rec = {"err": rel_err(out, ref[0]), "kv_err": rel_err(pool.k[0], ref[1])}
     rec["prepare_ms"] = time_ms(lambda: backend.prepare(batch), iters=10)
     backend.prepare(batch)
-    rec["forward_ms"] = time_ms(lambda: backend.forward(q, k, v, 0))
+    rec["forward_ms"] = time_ms(lambda: backend.forward(q, k, v, 0, sinks=SINKS))
     ok = rec["err"] < tol and rec["kv_err"] < tol
     if batch.is_decode and backend.supports_cuda_graph:
         bs = next(s for s in GRAPH_SIZES if s >= batch.batch_size)
@@ -192,11 +198,11 @@ def check_backend(name: str, case: Case, ref: tuple[torch.Tensor, torch.Tensor],
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            backend.forward(gq, gk, gv, 0)  # warm-up: compiles and plans outside the capture
+            backend.forward(gq, gk, gv, 0, sinks=SINKS)  # warm-up: compiles, plans, uncaptured
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            g_out = backend.forward(gq, gk, gv, 0)
+            g_out = backend.forward(gq, gk, gv, 0, sinks=SINKS)
         # Replay as the engine does: with a freshly built batch, after the captured one is gone
         # and its memory reused (a graph that kept reading the captured tensors fails here), and
         # with the new K/V rows poisoned so that the replay must write them again.
@@ -302,7 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tol", type=float, default=2e-2)
     p.add_argument("--json", default=None)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPES])
+    p.add_argument("--window", type=int, default=0, help="a sliding-window layer of this size")
+    p.add_argument("--sinks", action="store_true", help="with attention sinks")
     args = p.parse_args(argv)
+    global FEATURE, SINKS
+    FEATURE = LayerAttention(window=args.window or None, sinks=args.sinks)
+    SINKS = (torch.randn(HQ, generator=torch.Generator().manual_seed(9)).to(DEV) * 2
+             if args.sinks else None)
     kv_dtype = KV_CACHE_DTYPES.get(args.kv_cache_dtype, torch.bfloat16)
     if not torch.cuda.is_available():
         print("needs a CUDA device")
@@ -358,6 +370,13 @@ def test_attention_backends(kv_cache_dtype: str) -> None:
     fp8 cache leaves fa3 out: it refuses fp8 K/V with bf16 activations by design (_check_config)."""
     backends = "triton,flashinfer,fa3" if kv_cache_dtype == "auto" else "triton,flashinfer"
     assert main(["--kv-cache-dtype", kv_cache_dtype, "--backends", backends]) == 0
+
+
+@pytest.mark.parametrize(("window", "sinks"), [(128, True), (1024, False)])
+def test_triton_windows_and_sinks(window: int, sinks: bool) -> None:
+    """gpt-oss's layer kinds (window 128 with sinks) and Gemma 3's (window 1024), compiled."""
+    args = ["--backends", "triton", "--window", str(window)] + (["--sinks"] if sinks else [])
+    assert main(args) == 0
 
 
 if __name__ == "__main__":
