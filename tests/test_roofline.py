@@ -70,3 +70,54 @@ def test_tensor_parallel_halves_a_rank_share() -> None:
     two = ModelShape.from_config(CONFIGS / "Qwen3-8B", tp_size=2)
     assert two.weight_bytes == one.weight_bytes // 2
     assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2
+
+
+def _shape(tmp_path: Path, cfg: dict) -> ModelShape:
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return ModelShape.from_config(tmp_path)
+
+
+GPT_OSS_20B = dict(hidden_size=2880, num_hidden_layers=24, num_attention_heads=64,
+                   num_key_value_heads=8, head_dim=64, vocab_size=201088, intermediate_size=2880,
+                   num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+                   layer_types=["sliding_attention", "full_attention"] * 12)
+
+
+def test_sliding_window_layers_read_at_most_their_window(tmp_path: Path) -> None:
+    shape = _shape(tmp_path, GPT_OSS_20B)
+    per_layer = 2 * 8 * 64 * 2
+    assert (shape.window_layers, shape.window, shape.kv_layer_bytes) == (12, 128, per_layer)
+    assert shape.kv_read_bytes(100) == 24 * 100 * per_layer  # inside the window: every layer
+    assert shape.kv_read_bytes(1000) == (12 * 1000 + 12 * 128) * per_layer
+    # experts: 32 of 3 x 2880 x 2880 a layer, 4 active; the router 2880 x 32
+    assert shape.expert_bytes == 24 * 3 * 2880 * 2880 * 2
+    attn = 2880 * 64 * (64 + 16) + 64 * 64 * 2880
+    assert shape.active_params == 24 * (attn + 3 * 2880 * 2880 * 4 + 2880 * 32) + 2 * 201088 * 2880
+
+
+def test_gemma_pattern_windows_every_layer_but_each_sixth(tmp_path: Path) -> None:
+    shape = _shape(tmp_path, {"text_config": dict(
+        hidden_size=3840, num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8,
+        head_dim=256, vocab_size=262208, intermediate_size=15360, sliding_window=1024,
+        sliding_window_pattern=6, tie_word_embeddings=True)})
+    assert (shape.window_layers, shape.window) == (40, 1024)
+
+
+def test_mla_caches_one_latent_a_token_and_layer(tmp_path: Path) -> None:
+    """DeepSeek-V2-Lite: 512 + 64 values a token and layer, against 2 x 16 heads x 192 for
+    full K/V; 64 routed experts (6 active) and 2 shared after one dense layer."""
+    shape = _shape(tmp_path, dict(
+        hidden_size=2048, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+        vocab_size=102400, intermediate_size=10944, moe_intermediate_size=1408,
+        n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
+        q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128))
+    assert shape.kv_layer_bytes == (512 + 64) * 2
+    assert shape.kv_bytes_per_token == 27 * 576 * 2  # 31,104 B, vs 27 x 2 x 16 x 192 x 2 = 331,776
+    assert shape.expert_bytes == 26 * 3 * 2048 * 1408 * 2
+    attn = 2048 * 16 * 192 + 2048 * 576 + 512 * 16 * 256 + 16 * 128 * 2048
+    moe_layer = 3 * 2048 * 1408 * (6 + 2) + 2048 * 64
+    assert shape.active_params == (27 * attn + 26 * moe_layer + 3 * 2048 * 10944
+                                   + 2 * 102400 * 2048)

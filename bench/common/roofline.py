@@ -2,6 +2,11 @@
 
 Decode is memory-bound: every step reads all weights once (shared by the batch) and each running
 request's KV cache. Prefill is compute-bound: ~2 FLOPs per parameter per prompt token.
+
+The KV a decode token reads: full-attention layers read the whole context, sliding-window layers
+(Gemma 3, gpt-oss, Mistral v0.1) at most their window; a layer's K/V per token is 2 x KV heads x
+head_dim values, or for multi-head latent attention (DeepSeek) one latent of kv_lora_rank +
+qk_rope_head_dim values.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ class ModelShape:
     # --quantization fp8: the share of active_params in fp8 projections and experts, which
     # prefill runs at twice the bf16 rate (weight_bytes already counts them at one byte each)
     fp8_param_share: float = 0.0
+    window_layers: int = 0  # layers with a sliding window, which read at most `window` tokens
+    window: int = 0
+    latent_dim: int = 0  # MLA: values cached a token and layer (kv_lora_rank + rope dims)
 
     def step_weight_bytes(self, batch: int) -> float:
         """Weights one decode step of `batch` requests reads. MoE: the expected number of
@@ -39,9 +47,23 @@ class ModelShape:
         return self.weight_bytes + (touched - k) * self.expert_bytes
 
     @property
-    def kv_bytes_per_token(self) -> int:
+    def kv_layer_bytes(self) -> int:
+        """K/V bytes one token holds in one layer."""
         kv = self.kv_dtype_bytes or self.dtype_bytes
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * kv
+        if self.latent_dim:
+            return self.latent_dim * kv
+        return 2 * self.num_kv_heads * self.head_dim * kv
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K/V bytes of one token over every layer (windowed layers included)."""
+        return self.num_layers * self.kv_layer_bytes
+
+    def kv_read_bytes(self, context: int) -> int:
+        """K/V bytes a decode token over `context` cached tokens reads."""
+        full = self.num_layers - self.window_layers
+        seen = full * context + self.window_layers * min(context, self.window or context)
+        return seen * self.kv_layer_bytes
 
     @classmethod
     def from_config(cls, path: str | Path, dtype_bytes: int = 2, tp_size: int = 1,
@@ -50,32 +72,68 @@ class ModelShape:
         fp8), and their prefill FLOPs run at twice the bf16 rate (fp8 x fp8 tensor cores);
         embeddings, the LM head and the router stay in dtype_bytes."""
         cfg = json.loads((Path(path) / "config.json").read_text())
+        cfg = cfg.get("text_config") or cfg  # Gemma 3 multimodal checkpoints: the text model
         h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
         heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads",
                                                                 cfg["num_attention_heads"])
         head_dim = cfg.get("head_dim") or h // heads
         vocab = cfg["vocab_size"]
-        attn = h * head_dim * (heads + 2 * kv_heads) + heads * head_dim * h
-        moe: dict[str, int] = {}
-        experts_active = 0  # params of the k experts one token is routed to, one layer
-        if "num_experts" in cfg:  # MoE: only routed experts' weights are read per token
-            inter = cfg["moe_intermediate_size"]
-            mlp_active = 3 * h * inter * cfg["num_experts_per_tok"] + h * cfg["num_experts"]
-            expert_elem_bytes = 1 if fp8_weights else dtype_bytes
-            moe = dict(num_experts=cfg["num_experts"], experts_per_tok=cfg["num_experts_per_tok"],
-                       expert_bytes=layers * 3 * h * inter * expert_elem_bytes // tp_size)
-            experts_active = 3 * h * inter * cfg["num_experts_per_tok"]
+        latent = 0
+        if cfg.get("kv_lora_rank"):  # multi-head latent attention
+            rope, nope, v = (cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"],
+                             cfg["v_head_dim"])
+            q_rank = cfg.get("q_lora_rank")
+            q = h * q_rank + q_rank * heads * (nope + rope) if q_rank else h * heads * (nope + rope)
+            latent = cfg["kv_lora_rank"] + rope
+            attn = q + h * latent + cfg["kv_lora_rank"] * heads * (nope + v) + heads * v * h
+            kv_heads, head_dim = 1, latent
         else:
-            mlp_active = 3 * h * cfg["intermediate_size"]
+            attn = h * head_dim * (heads + 2 * kv_heads) + heads * head_dim * h
+        moe: dict[str, int] = {}
+        num_experts = (cfg.get("num_experts") or cfg.get("num_local_experts")
+                       or cfg.get("n_routed_experts") or 0)
+        dense_mlp = 3 * h * cfg.get("intermediate_size", 0)
+        experts_active = 0  # params of the k experts one token is routed to, one layer
+        if num_experts:  # MoE: only routed experts' weights are read per token
+            k = cfg.get("num_experts_per_tok") or cfg["experts_per_token"]
+            inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+            shared = 3 * h * inter * (cfg.get("n_shared_experts") or 0)
+            dense = cfg.get("first_k_dense_replace", 0)  # DeepSeek: dense MLPs first
+            mlp_active = 3 * h * inter * k + h * num_experts + shared
+            expert_elem_bytes = 1 if fp8_weights else dtype_bytes
+            moe = dict(num_experts=num_experts, experts_per_tok=k,
+                       expert_bytes=(layers - dense) * 3 * h * inter * expert_elem_bytes
+                       // tp_size)
+            experts_active = 3 * h * inter * k
+            mlp_total = (layers - dense) * mlp_active + dense * dense_mlp
+            fp8_mlp_total = (layers - dense) * (experts_active + shared) + dense * dense_mlp
+        else:
+            mlp_total = fp8_mlp_total = layers * dense_mlp
         embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
-        active = layers * (attn + mlp_active) + embed
-        fp8_mlp = experts_active if moe else mlp_active  # the router stays
-        fp8 = layers * (attn + fp8_mlp) if fp8_weights else 0
+        active = layers * attn + mlp_total + embed
+        fp8 = layers * attn + fp8_mlp_total if fp8_weights else 0  # the router stays
         weight_bytes = (active - fp8) * dtype_bytes + fp8
-        return cls(num_layers=layers, num_kv_heads=max(1, kv_heads // tp_size),
-                   head_dim=head_dim, weight_bytes=weight_bytes // tp_size,
+        window, window_layers = _windows(cfg, layers)
+        return cls(num_layers=layers, num_kv_heads=max(1, kv_heads // tp_size) if not latent
+                   else 1, head_dim=head_dim, weight_bytes=weight_bytes // tp_size,
                    active_params=active // tp_size, dtype_bytes=dtype_bytes,
-                   kv_dtype_bytes=kv_dtype_bytes, fp8_param_share=fp8 / active, **moe)
+                   kv_dtype_bytes=kv_dtype_bytes, fp8_param_share=fp8 / active,
+                   window_layers=window_layers, window=window, latent_dim=latent, **moe)
+
+
+def _windows(cfg: dict, layers: int) -> tuple[int, int]:
+    """(window, how many layers have it) from `layer_types`, Gemma's `sliding_window_pattern`
+    (every pattern-th layer global), or a `sliding_window` on every layer."""
+    window = cfg.get("sliding_window") or 0
+    if not window or cfg.get("use_sliding_window") is False:
+        return 0, 0
+    types = cfg.get("layer_types")
+    if types:
+        return window, sum(1 for t in types if t == "sliding_attention")
+    pattern = cfg.get("sliding_window_pattern")
+    if pattern:
+        return window, layers - layers // pattern
+    return window, layers
 
 
 def roofline_seconds(shape: ModelShape, prompt_lens: list[int], output_lens: list[int],
@@ -84,7 +142,10 @@ def roofline_seconds(shape: ModelShape, prompt_lens: list[int], output_lens: lis
     kv_bytes = 0
     for p, o in zip(prompt_lens, output_lens, strict=True):
         # decode token i (1..o-1) reads p + i cached tokens; the first token comes from prefill
-        kv_bytes += shape.kv_bytes_per_token * sum(p + i for i in range(1, o))
+        if shape.window_layers:
+            kv_bytes += sum(shape.kv_read_bytes(p + i) for i in range(1, o))
+        else:
+            kv_bytes += shape.kv_bytes_per_token * sum(p + i for i in range(1, o))
     steps = max(output_lens)
     # Step i decodes every request with more than i outputs to make.
     weight_bytes = sum(shape.step_weight_bytes(sum(1 for o in output_lens if o > i))
