@@ -416,8 +416,9 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_id
               activation: ClampedSwiGLU | None = None) -> torch.Tensor:
     """[T, H] MoE output. CUDA tensors take the Triton kernels; CPU tensors the torch reference
     (the interpreter is far too slow to serve from, and the test calls fused_moe_triton itself)."""
-    extras = dict(w13_bias=w13_bias, w2_bias=w2_bias, activation=activation)
     if hidden.is_cuda:
         return fused_moe_triton(hidden, w13, w2, topk_ids, topk_weights,
-                                w13_scale=w13_scale, w2_scale=w2_scale, **extras)
-    return moe_reference(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale, **extras)
+                                w13_scale=w13_scale, w2_scale=w2_scale, w13_bias=w13_bias,
+                                w2_bias=w2_bias, activation=activation)
+    return moe_reference(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale,
+                         w13_bias=w13_bias, w2_bias=w2_bias, activation=activation)
