@@ -49,14 +49,15 @@ _FP8 = "*fp8e4nv"
 _MOE_TILE_PTRS = {"sorted_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}
 
 
-def _gate_up_case(tile: dict[str, Any], fp8: bool, warps: int, stages: int) -> Case:
+def _gate_up_case(tile: dict[str, Any], fp8: bool, warps: int, stages: int,
+                  scalars: dict[str, str] | None = None) -> Case:
     """fused_moe_kernels.gate_up_kernel with BLOCK_K 128 and `tile`'s other constexprs."""
     x = _FP8 if fp8 else "*bf16"
     return Case("fused_moe_kernels", "gate_up_kernel",
                 {"TOPK": 8, "BLOCK_K": 128, "EVEN_K": True, "PRECISION": "tf32", "FP8": fp8,
                  **tile, **_PDL},
                 {"x_ptr": x, "w_ptr": x, "x_scale_ptr": "*fp32", "scale_ptr": "*fp32",
-                 **_MOE_TILE_PTRS}, {}, {"num_warps": warps, "num_stages": stages})
+                 **_MOE_TILE_PTRS}, scalars or {}, {"num_warps": warps, "num_stages": stages})
 
 
 def _down_case(tile: dict[str, Any], warps: int, stages: int) -> Case:
@@ -164,6 +165,11 @@ CASES = [
     *(_gate_up_case(dict(BLOCK_M=16, BLOCK_N=128, GROUP_M=1, SWAP_AB=True), fp8, 8, 3)
       for fp8 in (False, True)),
     _down_case(dict(BLOCK_M=32, BLOCK_N=256, GROUP_M=1, SWAP_AB=True), 8, 3),
+    # gpt-oss experts: biases and the clamped SwiGLU (alpha, limit: fp32 scalars)
+    *(_gate_up_case(dict(BLOCK_M=16, BLOCK_N=128, GROUP_M=1, SWAP_AB=swap, HAS_BIAS=True,
+                         CLAMPED=True), fp8, 8, 3, {"alpha": "fp32", "limit": "fp32"})
+      for swap, fp8 in ((True, False), (False, True))),
+    _down_case(dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=4, HAS_BIAS=True), 4, 3),
     Case("fp8_gemm", "_fp8_gemm_kernel",
          {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "ACC_MODE": 1, **_PDL},
          {"a_ptr": _FP8, "b_ptr": _FP8, "sa_ptr": "*fp32", "sb_ptr": "*fp32"}, {},

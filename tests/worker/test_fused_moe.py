@@ -92,6 +92,23 @@ def test_ragged_shapes_and_grouped_tiles(path: str, config: MoeConfig) -> None:
     check(make(21, e=5, k=3, h=40, i=24, seed=3), config=config, path=path)
 
 
+@pytest.mark.parametrize("config", [SMALL, WIDE, SWAPPED], ids=["small", "wide", "swapped"])
+def test_gpt_oss_biases_and_clamped_swiglu_match_reference(config: MoeConfig) -> None:
+    """gpt-oss experts: biases on both GEMMs and the clamped SwiGLU, with gate/up values well
+    past the limit (the reference is checked against HF in test_gpt_oss.py)."""
+    from minisgl_worker.kernels.clamped_swiglu import ClampedSwiGLU
+
+    x, w13, w2, ids, w = make(21, e=5, k=3, h=40, i=24, seed=4)
+    g = torch.Generator().manual_seed(5)
+    extras = dict(w13_bias=torch.randn(5, 48, generator=g), w2_bias=torch.randn(5, 40, generator=g),
+                  activation=ClampedSwiGLU(1.702, 1.0))
+    out = fused_moe_triton(x, 3 * w13, w2, ids, w, config=config, **extras)
+    ref = moe_reference(x, 3 * w13, w2, ids, w, **extras)
+    assert rel_err(out, ref) < 1e-4
+    plain = moe_reference(x, 3 * w13, w2, ids, w)
+    assert rel_err(plain, ref) > 0.1
+
+
 def test_default_config_and_fp16() -> None:
     x, w13, w2, ids, w = make(4, seed=7)
     check((x, w13, w2, ids, w), config=None)  # choose_config's decode tiles

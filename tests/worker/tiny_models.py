@@ -10,7 +10,16 @@ VOCAB = 512
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
               rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss")
+# gpt-oss: YaRN over an "original" context the test prompts run past (the chunked test's 45
+# tokens), a window of 8 on the first layer, and a SwiGLU limit low enough that the tiny
+# model's gate/up values cross it (the real 7.0 is seldom reached by these weights).
+GPT_OSS = dict(head_dim=16, intermediate_size=32, num_local_experts=8, num_experts_per_tok=4,
+               sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+               swiglu_limit=1.5, attention_bias=True, tie_word_embeddings=False,
+               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 16.0,
+                                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                "original_max_position_embeddings": 16})
 
 
 def hf_config(arch: str):  # noqa: ANN201 - a transformers config
@@ -30,6 +39,8 @@ def hf_config(arch: str):  # noqa: ANN201 - a transformers config
         return tf.Qwen3MoeConfig(**COMMON, head_dim=16, moe_intermediate_size=32, num_experts=8,
                                  num_experts_per_tok=2, norm_topk_prob=True,
                                  decoder_sparse_step=1, mlp_only_layers=[1])
+    if arch == "gpt_oss":
+        return tf.GptOssConfig(**{**COMMON, **GPT_OSS})
     raise ValueError(arch)
 
 
@@ -46,6 +57,8 @@ def build_hf_model(arch: str, seed: int = 0):  # noqa: ANN201 - a transformers m
             noise = torch.randn(p.shape, generator=gen)
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * noise)
+            elif name.endswith("sinks"):  # gpt-oss: sink logits as large as the attention's
+                p.copy_(2.0 * noise)
             else:
                 p.copy_(0.15 * noise)
     return model.eval()

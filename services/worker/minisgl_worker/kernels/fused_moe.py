@@ -4,6 +4,11 @@
 
 Weights use the HF layout: w13 [E, 2*I, H] (gate rows then up rows), w2 [E, H, I].
 
+gpt-oss experts (all optional, default off): biases on both GEMMs (w13_bias [E, 2*I] in the same
+gate-then-up order, added before the activation; w2_bias [E, H], added before the routing
+weight) and `activation=ClampedSwiGLU(alpha, limit)` in place of silu(gate) * up
+(clamped_swiglu.py). Both paths compute them.
+
 The Triton path (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1) is three steps:
 1. align: group the T*K (token, k) pairs by expert, each group padded to the GEMM's BLOCK_M;
 2. one grouped GEMM for gate and up of every expert at once, SiLU-and-mul in its epilogue;
@@ -28,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..fp8 import FP8, quantize_rows, reference_product
+from .clamped_swiglu import ClampedSwiGLU
 
 # Up to this many (token, k) pairs one program does all of the alignment (one launch instead of
 # four); beyond, per-program work grows with the pairs and the many-program path wins.
@@ -143,9 +149,23 @@ def _check_scales(w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor |
                              f"{scale.dtype} {tuple(scale.shape)}")
 
 
+def _check_biases(hidden: torch.Tensor, w13: torch.Tensor, w13_bias: torch.Tensor | None,
+                  w2_bias: torch.Tensor | None) -> None:
+    e, two_i, h = w13.shape
+    for name, bias, shape in (("w13_bias", w13_bias, (e, two_i)), ("w2_bias", w2_bias, (e, h))):
+        if bias is None:
+            continue
+        if tuple(bias.shape) != shape or bias.dtype != hidden.dtype:
+            raise ValueError(f"{name} must be {hidden.dtype} {shape}, got {bias.dtype} "
+                             f"{tuple(bias.shape)}")
+        if bias.device != hidden.device:
+            raise ValueError(f"{name} is on {bias.device}, hidden on {hidden.device}")
+
+
 def _check_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                 topk_weights: torch.Tensor, w13_scale: torch.Tensor | None = None,
-                w2_scale: torch.Tensor | None = None) -> None:
+                w2_scale: torch.Tensor | None = None, w13_bias: torch.Tensor | None = None,
+                w2_bias: torch.Tensor | None = None) -> None:
     if hidden.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError("expected hidden [T, H], w13 [E, 2I, H], w2 [E, H, I]")
     t, h = hidden.shape
@@ -159,6 +179,7 @@ def _check_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
         raise TypeError(f"topk_ids must be integer, got {topk_ids.dtype}")
     _check_scales(w13, w2, w13_scale, w2_scale)
+    _check_biases(hidden, w13, w13_bias, w2_bias)
     if not (hidden.dtype.is_floating_point
             and (w13_scale is not None or hidden.dtype == w13.dtype == w2.dtype)):
         raise TypeError(f"hidden, w13, w2 must share one float dtype, got "
@@ -177,28 +198,40 @@ def _check_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
 def moe_reference(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                   w13_scale: torch.Tensor | None = None,
-                  w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+                  w2_scale: torch.Tensor | None = None, *, w13_bias: torch.Tensor | None = None,
+                  w2_bias: torch.Tensor | None = None,
+                  activation: ClampedSwiGLU | None = None) -> torch.Tensor:
     """The exact semantics in plain torch, one expert at a time (the CPU path and the test oracle).
 
     Expert matmuls run in the input dtype, as HF does; the sum over k accumulates in fp32. fp8
     experts: fp32 products of the row-quantized inputs and weights, the SiLU-and-mul product
-    rounded to the input dtype in between (as the kernels store it).
+    rounded to the input dtype in between (as the kernels store it); biases are added to the
+    fp32 products.
     """
-    _check_args(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale)
+    _check_args(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale, w13_bias, w2_bias)
     inter = w13.shape[1] // 2
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     ids = topk_ids.long()
     for e in torch.unique(ids).tolist():
         token, slot = torch.where(ids == e)
+        b13 = w13_bias[e] if w13_bias is not None else None
+        b2 = w2_bias[e] if w2_bias is not None else None
         if w13_scale is not None and w2_scale is not None:
-            gate, up = reference_product(hidden[token], w13[e], w13_scale[e]).split(inter, -1)
-            act = (F.silu(gate) * up).to(hidden.dtype)
+            gate_up = reference_product(hidden[token], w13[e], w13_scale[e])
+            gate, up = (gate_up if b13 is None else gate_up + b13.float()).split(inter, -1)
+            act = _activate(gate, up, activation).to(hidden.dtype)
             y = reference_product(act, w2[e], w2_scale[e])
+            y = y if b2 is None else y + b2.float()
         else:
-            gate, up = F.linear(hidden[token], w13[e]).split(inter, dim=-1)
-            y = F.linear(F.silu(gate) * up, w2[e])
+            gate, up = F.linear(hidden[token], w13[e], b13).split(inter, dim=-1)
+            y = F.linear(_activate(gate, up, activation), w2[e], b2)
         out.index_add_(0, token, y.float() * topk_weights[token, slot, None].float())
     return out.to(hidden.dtype)
+
+
+def _activate(gate: torch.Tensor, up: torch.Tensor,
+              activation: ClampedSwiGLU | None) -> torch.Tensor:
+    return F.silu(gate) * up if activation is None else activation(gate, up)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -268,16 +301,21 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                      config: MoeConfig | None = None,
                      single_align_max_pairs: int = SINGLE_ALIGN_MAX_PAIRS,
                      w13_scale: torch.Tensor | None = None,
-                     w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     w2_scale: torch.Tensor | None = None, *,
+                     w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
+                     activation: ClampedSwiGLU | None = None) -> torch.Tensor:
     """The Triton path, always (CPU tensors need TRITON_INTERPRET=1 set before the first call)."""
     from . import fused_moe_kernels as kern
     from . import pdl
 
-    _check_args(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale)
+    _check_args(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale, w13_bias, w2_bias)
     fp8 = w13_scale is not None
-    # Unused by the kernels without fp8 weights; any tensor stands in for the pointers.
+    # Unused by the kernels without fp8 weights (biases); any tensor stands in for the pointers.
     s13 = w13_scale.contiguous() if w13_scale is not None else topk_weights
     s2 = w2_scale.contiguous() if w2_scale is not None else topk_weights
+    b13 = w13_bias.contiguous() if w13_bias is not None else topk_weights
+    b2 = w2_bias.contiguous() if w2_bias is not None else topk_weights
+    clamp = activation or ClampedSwiGLU()  # its numbers are read only when `activation` is set
     num_tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w13.shape
     inter, top_k = two_i // 2, topk_ids.shape[1]
@@ -299,10 +337,11 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         x, sx, w13, s13, act, al.sorted_pairs, al.expert_of_block, al.num_padded,
         num_pairs, hidden_size, inter, al.num_tiles_m,
         x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), act.stride(0),
+        b13, b13.stride(0), clamp.alpha, clamp.limit,
         TOPK=top_k, BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
         GROUP_M=t.group_m, EVEN_K=hidden_size % t.block_k == 0, PRECISION=precision,
         FP8=fp8, SWAP_AB=t.swap_ab, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype),
-        **pdl.options(x))
+        HAS_BIAS=w13_bias is not None, CLAMPED=activation is not None, **pdl.options(x))
 
     a, sa = _quantize_rows(act) if fp8 else (act, topk_weights)
     per_pair = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
@@ -312,10 +351,10 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         a, sa, w2, s2, per_pair, weights, al.sorted_pairs, al.expert_of_block, al.num_padded,
         num_pairs, hidden_size, inter, al.num_tiles_m,
         a.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), per_pair.stride(0),
-        BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
+        b2, b2.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
         EVEN_K=inter % t.block_k == 0, PRECISION=precision,
         FP8=fp8, SWAP_AB=t.swap_ab, num_warps=t.num_warps, num_stages=_stages(t, hidden.dtype),
-        **pdl.options(a))
+        HAS_BIAS=w2_bias is not None, **pdl.options(a))
     from .moe_ops import sum_over_k
 
     # fp32 accumulation, rounded once (as torch's sum of half types)
@@ -339,9 +378,12 @@ def warm_token_counts(top_k: int, fp8: bool) -> list[int]:
 
 def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype,
             w13_scale: torch.Tensor | None = None,
-            w2_scale: torch.Tensor | None = None) -> list[int]:
+            w2_scale: torch.Tensor | None = None, *, w13_bias: torch.Tensor | None = None,
+            w2_bias: torch.Tensor | None = None,
+            activation: ClampedSwiGLU | None = None) -> list[int]:
     """Run the Triton path once at each of `warm_token_counts` (CUDA weights only), so every
-    kernel variant compiles at start-up. Returns the token counts run."""
+    kernel variant compiles at start-up (with the experts' own biases and activation: those
+    are compile-time switches). Returns the token counts run."""
     if not w13.is_cuda:
         return []
     num_experts, _, hidden_size = w13.shape
@@ -350,7 +392,8 @@ def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype,
         hidden = torch.zeros(n, hidden_size, dtype=dtype, device=w13.device)
         ids = (torch.arange(n * top_k, device=w13.device) % num_experts).view(n, top_k)
         weights = torch.full((n, top_k), 1.0 / top_k, dtype=dtype, device=w13.device)
-        fused_moe_triton(hidden, w13, w2, ids, weights, w13_scale=w13_scale, w2_scale=w2_scale)
+        fused_moe_triton(hidden, w13, w2, ids, weights, w13_scale=w13_scale, w2_scale=w2_scale,
+                         w13_bias=w13_bias, w2_bias=w2_bias, activation=activation)
     return counts
 
 
@@ -368,10 +411,14 @@ def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
               topk_weights: torch.Tensor, w13_scale: torch.Tensor | None = None,
-              w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+              w2_scale: torch.Tensor | None = None, *, w13_bias: torch.Tensor | None = None,
+              w2_bias: torch.Tensor | None = None,
+              activation: ClampedSwiGLU | None = None) -> torch.Tensor:
     """[T, H] MoE output. CUDA tensors take the Triton kernels; CPU tensors the torch reference
     (the interpreter is far too slow to serve from, and the test calls fused_moe_triton itself)."""
     if hidden.is_cuda:
         return fused_moe_triton(hidden, w13, w2, topk_ids, topk_weights,
-                                w13_scale=w13_scale, w2_scale=w2_scale)
-    return moe_reference(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale)
+                                w13_scale=w13_scale, w2_scale=w2_scale, w13_bias=w13_bias,
+                                w2_bias=w2_bias, activation=activation)
+    return moe_reference(hidden, w13, w2, topk_ids, topk_weights, w13_scale, w2_scale,
+                         w13_bias=w13_bias, w2_bias=w2_bias, activation=activation)

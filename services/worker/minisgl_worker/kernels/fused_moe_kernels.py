@@ -156,11 +156,17 @@ def _dot_acc(acc, a, w, SWAP_AB: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.
 def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, expert_of_block_ptr,
                    num_padded_ptr, num_pairs, hidden, inter, num_tiles_m,
                    stride_xt, stride_we, stride_wn, stride_se, stride_ot,
+                   b_ptr, stride_be, alpha, limit,
                    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
                    PRECISION: tl.constexpr, FP8: tl.constexpr, SWAP_AB: tl.constexpr = False,
-                   USE_PDL: tl.constexpr = False):
+                   USE_PDL: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
+                   CLAMPED: tl.constexpr = False):
     """out[pair, n] = silu(x[token] . w_gate[e, n]) * (x[token] . w_up[e, n]) for one tile.
+
+    gpt-oss experts: HAS_BIAS adds b [E, 2*inter] (gate then up, like w) to both sums first;
+    CLAMPED takes the clamped SwiGLU (kernels/clamped_swiglu.py) with `alpha`, `limit` instead
+    of SiLU-and-mul (unused otherwise).
 
     w is [E, 2*inter, hidden] with the gate rows first; a program computes BLOCK_N columns of both
     halves so that SiLU-and-mul happens in registers and only the product goes to memory.
@@ -221,7 +227,16 @@ def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, ex
         s_ptrs = scale_ptr + expert * stride_se + w_rows
         acc_g *= sx * tl.load(s_ptrs)[None, :]
         acc_u *= sx * tl.load(s_ptrs + inter)[None, :]
-    act = acc_g * tl.sigmoid(acc_g) * acc_u
+    if HAS_BIAS:
+        b_ptrs = b_ptr + expert * stride_be + w_rows
+        acc_g += tl.load(b_ptrs).to(tl.float32)[None, :]
+        acc_u += tl.load(b_ptrs + inter).to(tl.float32)[None, :]
+    if CLAMPED:
+        g = tl.minimum(acc_g, limit)
+        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        act = (u + 1.0) * (g * tl.sigmoid(g * alpha))
+    else:
+        act = acc_g * tl.sigmoid(acc_g) * acc_u
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
     tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty),
              mask=valid[:, None] & (offs_n[None, :] < inter))
@@ -230,13 +245,14 @@ def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, ex
 @triton.jit(do_not_specialize=["num_pairs", "num_tiles_m"])
 def down_kernel(a_ptr, a_scale_ptr, w_ptr, scale_ptr, out_ptr, weights_ptr, sorted_ptr,
                 expert_of_block_ptr, num_padded_ptr, num_pairs, hidden, inter, num_tiles_m,
-                stride_at, stride_we, stride_wn, stride_se, stride_ot,
+                stride_at, stride_we, stride_wn, stride_se, stride_ot, b_ptr, stride_be,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                FP8: tl.constexpr, SWAP_AB: tl.constexpr = False, USE_PDL: tl.constexpr = False):
-    """out[pair, n] = weight[pair] * (act[pair] . w_down[e, n]); w is [E, hidden, inter]
-    (FP8: fp8 act and w rows with a_scale [pairs] and scale [E, hidden]; SWAP_AB: the transposed
-    tile; both as in gate_up_kernel).
+                FP8: tl.constexpr, SWAP_AB: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+                HAS_BIAS: tl.constexpr = False):
+    """out[pair, n] = weight[pair] * (act[pair] . w_down[e, n] (+ b[e, n] with HAS_BIAS));
+    w is [E, hidden, inter], b [E, hidden] (FP8: fp8 act and w rows with a_scale [pairs] and
+    scale [E, hidden]; SWAP_AB: the transposed tile; both as in gate_up_kernel).
     """
     _pdl_begin(USE_PDL)
     tile_m, tile_n = _tile_coords(num_tiles_m, hidden, BLOCK_N, GROUP_M)
@@ -276,6 +292,8 @@ def down_kernel(a_ptr, a_scale_ptr, w_ptr, scale_ptr, out_ptr, weights_ptr, sort
     if FP8:
         acc *= tl.load(a_scale_ptr + safe_rows)[:, None]
         acc *= tl.load(scale_ptr + expert * stride_se + w_rows)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + expert * stride_be + w_rows).to(tl.float32)[None, :]
     acc *= tl.load(weights_ptr + safe_rows).to(tl.float32)[:, None]
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),

@@ -1,5 +1,6 @@
 """Self-attention: packed QKV projection, optional per-head q/k RMSNorm (Qwen3), rotary, the
-step's attention backend, output projection. Heads are split across TP ranks."""
+step's attention backend, output projection (optionally biased), optional per-head attention
+sinks (gpt-oss). Heads are split across TP ranks."""
 
 from __future__ import annotations
 
@@ -7,18 +8,20 @@ import torch
 from torch import nn
 
 from ..attention.base import AttentionBackend
-from ..distributed import shard
+from ..distributed import shard, tp
 from ..fp8 import Fp8Rows
 from ..kernels import fused_ops
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
+from .weights import WeightSource, check_shape, read, set_loader, src_shape
 
 
 class SelfAttention(nn.Module):
     def __init__(self, layer_id: int, hidden_size: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, rotary: RotaryEmbedding, qkv_bias: bool = False,
-                 qk_norm_eps: float | None = None) -> None:
+                 qk_norm_eps: float | None = None, o_bias: bool = False,
+                 sinks: bool = False) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = shard(num_heads, "num_attention_heads")
@@ -27,13 +30,23 @@ class SelfAttention(nn.Module):
         self.qkv_proj = ColumnParallelLinear(
             hidden_size, [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim],
             bias=qkv_bias)
-        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, bias=o_bias)
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.rotary = [rotary]  # a list: shared by every layer, not a submodule of each
-        # Attention sinks (gpt-oss): a model that has them sets a [num_heads] parameter here
-        # (this rank's heads), handed to the backend with every call.
+        # Attention sinks (gpt-oss): one learned logit per head, [num_heads] of this rank's heads,
+        # handed to the backend with every call. fp32 whatever the model dtype: the backends
+        # take them so (a bf16 checkpoint's values convert exactly).
         self.sinks: torch.Tensor | None = None
+        if sinks:
+            self.num_heads_total = num_heads
+            self.sinks = set_loader(nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32),
+                                                 requires_grad=False), self._load_sinks)
+
+    def _load_sinks(self, param: nn.Parameter, src: WeightSource, shard_id: object = None) -> None:
+        check_shape("self_attn.sinks", src_shape(src), (self.num_heads_total,))
+        n = self.num_heads
+        param.data.copy_(read(src, 0, tp().rank * n, n))
 
     def defer_reduction(self) -> None:
         self.o_proj.defer_reduction()

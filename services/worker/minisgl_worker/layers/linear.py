@@ -2,7 +2,8 @@
 
 ColumnParallelLinear splits output features: each rank holds its rows of every packed sub-matrix
 (q|k|v or gate|up), so no communication is needed after it. RowParallelLinear splits input
-features and all-reduces the partial sums; its bias is added once, after the reduction.
+features and all-reduces the partial sums; its bias is added once, after the reduction (or, when
+the reduction is deferred to the next norm, by rank 0 alone).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class RowParallelLinear(Fp8Linear):
         self.weight = set_loader(new_param(out_features, self.in_local), self._load)
         self.bias = set_loader(new_param(out_features), default_loader) if bias else None
         self.reduce_output = True  # False: defer_reduction
+        self.add_bias = True  # False on ranks > 0 once deferred: the bias enters the sum once
 
     def _load(self, param: nn.Parameter, src: WeightSource, shard_id: object = None) -> None:
         check_shape("a row-parallel weight", src_shape(src), (param.shape[0], self.in_features))
@@ -73,14 +75,14 @@ class RowParallelLinear(Fp8Linear):
         out = self.matmul(x, silu_mul=silu_mul)
         if self.reduce_output:
             out = all_reduce(out)
-        return out + self.bias if self.bias is not None else out
+        return out + self.bias if self.bias is not None and self.add_bias else out
 
     def defer_reduction(self) -> None:
         """Hand out this rank's partial sums: the consumer (the next norm, RMSNorm.add_forward
-        with reduce=True) sums them over the ranks, fused with its own work."""
-        if self.bias is not None:
-            raise ValueError("a row-parallel layer with a bias cannot defer its all-reduce")
+        with reduce=True) sums them over the ranks, fused with its own work. A bias (gpt-oss's
+        o_proj) is then added to rank 0's partial sums only."""
         self.reduce_output = False
+        self.add_bias = tp().rank == 0
 
     def folds_silu_mul(self, gate_up: torch.Tensor) -> bool:
         return self.weight_scale is not None or fused_ops.gemv_usable(gate_up)

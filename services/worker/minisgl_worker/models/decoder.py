@@ -1,8 +1,9 @@
 """The decoder-only transformer every supported architecture shares.
 
 embed -> N x [RMSNorm -> attention -> residual -> RMSNorm -> MLP/MoE -> residual] -> RMSNorm
--> LM head. Architectures differ only in small switches (QKV bias, per-head q/k norm, the MLP
-kind), set by the subclasses in llama.py, qwen2.py, qwen3.py and qwen3_moe.py. Parameter names
+-> LM head. Architectures differ only in small switches (QKV and o biases, per-head q/k norm,
+attention sinks, the MLP kind), set by the subclasses in llama.py, qwen2.py, qwen3.py,
+qwen3_moe.py and gpt_oss.py. Parameter names
 follow the HF checkpoints, except for packed ones (qkv_proj, gate_up_proj, MoE w13/w2), which
 `weight_target` maps.
 """
@@ -34,12 +35,14 @@ _PACKED_RE = re.compile(r"^(.*\.)(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weig
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, mlp: nn.Module,
-                 qkv_bias: bool, qk_norm: bool) -> None:
+                 qkv_bias: bool, qk_norm: bool, o_bias: bool = False,
+                 sinks: bool = False) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = SelfAttention(
             layer_id, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, rotary,
-            qkv_bias=qkv_bias, qk_norm_eps=cfg.rms_norm_eps if qk_norm else None)
+            qkv_bias=qkv_bias, qk_norm_eps=cfg.rms_norm_eps if qk_norm else None,
+            o_bias=o_bias, sinks=sinks)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp
         # TP: attention's and the MLP's row-parallel outputs stay partial sums; the norm after
@@ -87,12 +90,16 @@ class CausalLM(nn.Module):
 
     qkv_bias: ClassVar[bool] = False
     qk_norm: ClassVar[bool] = False
+    o_bias: ClassVar[bool] = False
+    attention_sinks: ClassVar[bool] = False  # a learned sink logit per head (self_attn.sinks)
 
     @classmethod
     def attention_layers(cls, cfg: ModelConfig) -> tuple[LayerAttention, ...]:
         """What each layer's attention computes beyond plain causal attention (the backends
-        check they can serve it at start-up): a sliding window where the config sets one."""
-        return tuple(LayerAttention(window=cfg.layer_window(i)) for i in range(cfg.num_layers))
+        check they can serve it at start-up): a sliding window where the config sets one,
+        sinks where the architecture has them."""
+        return tuple(LayerAttention(window=cfg.layer_window(i), sinks=cls.attention_sinks)
+                     for i in range(cfg.num_layers))
 
     @classmethod
     def attention_scale(cls, cfg: ModelConfig) -> float:
@@ -105,7 +112,8 @@ class CausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta,
                                       cfg.rope_scaling, cfg.max_position_embeddings)
         layers = [DecoderLayer(cfg, i, self.rotary, self.make_mlp(cfg, i), self.qkv_bias,
-                               self.qk_norm) for i in range(cfg.num_layers)]
+                               self.qk_norm, self.o_bias, self.attention_sinks)
+                  for i in range(cfg.num_layers)]
         self.model = DecoderModel(cfg, layers)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
