@@ -22,13 +22,13 @@ head h // (num_qo_heads // num_kv_heads). The softmax scale is
 
 Per-layer features (`AttentionConfig.layers[layer_id]`, a `LayerAttention`): a sliding window (a
 query at position p sees keys p - window + 1 .. p), a soft cap on the logits
-(cap * tanh(logit / cap)) and attention sinks (one learned logit a
-query head that joins every softmax's denominator and adds nothing to the output; the layer hands
-the [num_qo_heads] fp32 tensor to `forward(..., sinks=)`) and multi-head latent attention (MLA:
-k [T, 1, head_dim] is the cached latent and rotary key, v its first `value_dim` values, the
-output [T, num_qo_heads, value_dim]; the pool stores K only, `KVPool(v_dim=)`). A backend states what it computes in
-`unsupported(spec)`; `create_backend` refuses an explicit backend that cannot serve a model's
-layers, naming the feature, and "auto" picks one that can.
+(cap * tanh(logit / cap)), attention sinks (one learned logit a query head that joins every
+softmax's denominator and adds nothing to the output; the layer hands the [num_qo_heads] fp32
+tensor to `forward(..., sinks=)`) and multi-head latent attention (MLA: k [T, 1, head_dim] is
+the cached latent and rotary key, v its first `value_dim` values, the output
+[T, num_qo_heads, value_dim]; the pool stores K only, `KVPool(v_dim=)`). A backend states what
+it computes in `unsupported(spec)`; `create_backend` refuses an explicit backend that cannot
+serve a model's layers, naming the feature, and "auto" picks one that can.
 
 CUDA graphs (decode only, optional: `supports_cuda_graph`): the graph runner calls
 `init_cuda_graph(max_bs)` once, then for each captured batch size `prepare_for_capture(batch)`
