@@ -40,7 +40,7 @@ class DecoderLayer(nn.Module):
         e.g. DeepSeek's latent attention); None: SelfAttention."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = attention or SelfAttention(
+        self.self_attn = attention if attention is not None else SelfAttention(
             layer_id, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, rotary,
             qkv_bias=qkv_bias, qk_norm_eps=cfg.rms_norm_eps if qk_norm else None)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
