@@ -81,9 +81,20 @@ def test_mla_extend_matches_reference(page_size: int) -> None:
                                    atol=2e-5, rtol=2e-5)
 
 
-def test_widths_that_are_not_powers_of_two_are_refused() -> None:
-    q = torch.randn(1, 2, 40)
-    with pytest.raises(ValueError, match="power-of-two"):
-        mla_attention.mla_decode(q, torch.zeros(2, 4, 1, 40), 30, torch.zeros(1, 1, dtype=torch.int32),
-                                 torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
-                                 1.0, 1)
+def test_widths_padded_to_blocks() -> None:
+    """The tiny test models' widths (latent 24, rotary 8): each part padded to its block."""
+    v, r = 24, 8
+    lens = [9, 3]
+    gen = torch.Generator().manual_seed(4)
+    cache = torch.randn(6, 4, 1, v + r, generator=gen)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    rows = torch.tensor([0, 1], dtype=torch.int32)
+    q = torch.randn(2, 3, v + r, generator=gen)
+    out = mla_attention.mla_decode(q, cache, v, table, rows, torch.tensor(lens, dtype=torch.int32),
+                                   0.4, 2, block_n=16)
+    for b, n in enumerate(lens):
+        t = torch.arange(n)
+        kv = cache[table[b].long()[t // 4], t % 4, 0]
+        scores = torch.einsum("hd,kd->hk", q[b].double(), kv.double()) * 0.4
+        ref = (scores.softmax(-1) @ kv[:, :v].double()).float()
+        torch.testing.assert_close(out[b], ref, atol=2e-5, rtol=2e-5)

@@ -62,7 +62,8 @@ def _run(path: object, tp: int, quantization: str = "none",
         engine.close()
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "gpt_oss", "deepseek_v2",
+                                  "deepseek_v3"])
 def test_tp2_equals_tp1(tiny_model, arch: str) -> None:  # noqa: ANN001
     """Greedy batches: at TP=2 every draw is sharded (no logits gathered for it). gpt-oss: its
     o_proj and expert down biases are added once over the ranks; sinks split by head."""
@@ -91,7 +92,7 @@ def test_tp2_sharded_draw_equals_the_gathered_one(tiny_model) -> None:  # noqa: 
     assert draws_off.sharded == 0 and draws_off.gathered == draws_on.sharded + draws_on.gathered
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "gpt_oss", "deepseek_v3"])
 def test_tp2_with_fp8_weights(tiny_model, arch: str) -> None:  # noqa: ANN001
     """--quantization fp8 at TP=2: each rank quantizes its own shards (row-parallel layers, o
     and down, and the experts' down rows get per-shard scales; o and down per-shard activation

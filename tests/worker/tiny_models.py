@@ -10,7 +10,8 @@ VOCAB = 512
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
               rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "deepseek_v2",
+         "deepseek_v3")
 # gpt-oss: YaRN over an "original" context the test prompts run past (the chunked test's 45
 # tokens), a window of 8 on the first layer, and a SwiGLU limit low enough that the tiny
 # model's gate/up values cross it (the real 7.0 is seldom reached by these weights).
@@ -20,6 +21,10 @@ GPT_OSS = dict(head_dim=16, intermediate_size=32, num_local_experts=8, num_exper
                rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 16.0,
                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                 "original_max_position_embeddings": 16})
+# DeepSeek's latent attention: small latent and head widths, every head its own KV in HF terms.
+DEEPSEEK = dict(num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                v_head_dim=16, moe_intermediate_size=32, n_routed_experts=8,
+                num_experts_per_tok=2)
 
 
 def hf_config(arch: str):  # noqa: ANN201 - a transformers config
@@ -41,6 +46,18 @@ def hf_config(arch: str):  # noqa: ANN201 - a transformers config
                                  decoder_sparse_step=1, mlp_only_layers=[1])
     if arch == "gpt_oss":
         return tf.GptOssConfig(**{**COMMON, **GPT_OSS})
+    if arch == "deepseek_v2":  # q_proj, softmax routing: top-3 within the best 2 of 4 groups
+        return tf.DeepseekV2Config(**{**COMMON, **DEEPSEEK, "num_experts_per_tok": 3},
+                                   q_lora_rank=None, n_shared_experts=2,
+                                   first_k_dense_replace=0, topk_method="group_limited_greedy",
+                                   n_group=4, topk_group=2, routed_scaling_factor=1.5)
+    if arch == "deepseek_v3":  # q LoRA, sigmoid + bias, noaux_tc, a dense first layer, YaRN
+        return tf.DeepseekV3Config(
+            **{**COMMON, **DEEPSEEK}, q_lora_rank=24, n_shared_experts=1, first_k_dense_replace=1,
+            n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 64, "mscale": 0.9,
+                             "mscale_all_dim": 0.7, "beta_fast": 32, "beta_slow": 1})
     raise ValueError(arch)
 
 
@@ -59,8 +76,13 @@ def build_hf_model(arch: str, seed: int = 0):  # noqa: ANN201 - a transformers m
                 p.copy_(1.0 + 0.1 * noise)
             elif name.endswith("sinks"):  # gpt-oss: sink logits as large as the attention's
                 p.copy_(2.0 * noise)
+            elif name.endswith("e_score_correction_bias"):  # a buffer in HF: set below
+                continue
             else:
                 p.copy_(0.15 * noise)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3: picks, never weighs
+                b.copy_(0.3 * torch.randn(b.shape, generator=gen))
     return model.eval()
 
 

@@ -37,8 +37,12 @@ def quantize_model(model: nn.Module, method: str) -> int:
 
 
 def _feed_fp8_norms(layer: DecoderLayer) -> None:
-    """The MoE block's router needs the unquantized rows: its post-attention norm stays plain."""
-    layer.input_layernorm = Fp8FeedingRMSNorm(layer.input_layernorm, layer.self_attn.qkv_proj)
+    """The MoE block's router needs the unquantized rows: its post-attention norm stays plain.
+    So does the input norm of an attention without one packed qkv_proj (DeepSeek's latent
+    attention feeds two projections, one of them replicated and unquantized)."""
+    qkv = getattr(layer.self_attn, "qkv_proj", None)
+    if isinstance(qkv, ColumnParallelLinear):
+        layer.input_layernorm = Fp8FeedingRMSNorm(layer.input_layernorm, qkv)
     if isinstance(layer.mlp, GatedMLP):
         layer.post_attention_layernorm = Fp8FeedingRMSNorm(layer.post_attention_layernorm,
                                                            layer.mlp.gate_up_proj)

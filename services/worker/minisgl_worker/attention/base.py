@@ -22,11 +22,13 @@ head h // (num_qo_heads // num_kv_heads). The softmax scale is
 
 Per-layer features (`AttentionConfig.layers[layer_id]`, a `LayerAttention`): a sliding window (a
 query at position p sees keys p - window + 1 .. p), a soft cap on the logits
-(cap * tanh(logit / cap)) and attention sinks (one learned logit a
-query head that joins every softmax's denominator and adds nothing to the output; the layer hands
-the [num_qo_heads] fp32 tensor to `forward(..., sinks=)`). A backend states what it computes in
-`unsupported(spec)`; `create_backend` refuses an explicit backend that cannot serve a model's
-layers, naming the feature, and "auto" picks one that can.
+(cap * tanh(logit / cap)), attention sinks (one learned logit a query head that joins every
+softmax's denominator and adds nothing to the output; the layer hands the [num_qo_heads] fp32
+tensor to `forward(..., sinks=)`) and multi-head latent attention (MLA: k [T, 1, head_dim] is
+the cached latent and rotary key, v its first `value_dim` values, the output
+[T, num_qo_heads, value_dim]; the pool stores K only, `KVPool(v_dim=)`). A backend states what
+it computes in `unsupported(spec)`; `create_backend` refuses an explicit backend that cannot
+serve a model's layers, naming the feature, and "auto" picks one that can.
 
 CUDA graphs (decode only, optional: `supports_cuda_graph`): the graph runner calls
 `init_cuda_graph(max_bs)` once, then for each captured batch size `prepare_for_capture(batch)`
@@ -70,10 +72,15 @@ class LayerAttention:
     window: int | None = None  # sliding window in tokens, the query itself included
     softcap: float | None = None  # logits -> softcap * tanh(logits / softcap)
     sinks: bool = False  # forward() receives per-head sink logits
+    # Multi-head latent attention (DeepSeek MLA): one KV head (the cached latent plus the rotary
+    # key) shared by every query head, and V is K's first `value_dim` values (no V of its own),
+    # so the output is `value_dim` wide, not head_dim.
+    value_dim: int | None = None
 
     @property
     def plain(self) -> bool:
-        return self.window is None and self.softcap is None and not self.sinks
+        return (self.window is None and self.softcap is None and not self.sinks
+                and self.value_dim is None)
 
     def features(self) -> list[str]:
         """The non-plain features by name, for messages."""
@@ -84,6 +91,8 @@ class LayerAttention:
             out.append(f"logit soft-cap {self.softcap}")
         if self.sinks:
             out.append("attention sinks")
+        if self.value_dim is not None:
+            out.append(f"multi-head latent attention (values: the keys' first {self.value_dim})")
         return out
 
 
@@ -111,6 +120,15 @@ class AttentionConfig:
     @property
     def cache_dtype(self) -> torch.dtype:
         return self.kv_dtype or self.dtype
+
+    @property
+    def v_head_dim(self) -> int:
+        """The width of V and of the attention output: head_dim, except for MLA layers
+        (`LayerAttention.value_dim`; a model's layers all share one)."""
+        dims = {spec.value_dim for spec in self.layers if spec.value_dim is not None}
+        if len(dims) > 1:
+            raise ValueError(f"layers with different value widths {sorted(dims)}")
+        return dims.pop() if dims else self.head_dim
 
 
 @dataclass

@@ -12,16 +12,36 @@ The scheduler owns which pages and slots are in use; this class only holds the t
 Elements are the activation dtype, or fp8 (e4m3/e5m2, `--kv-cache-dtype`): stored unscaled,
 saturated at the type's range; attention kernels upcast on load.
 
+MLA mode (`v_dim` set: DeepSeek's multi-head latent attention): one KV head whose K row is the
+normed latent followed by the rotary key, and V is a view of K's first `v_dim` values; nothing
+else is allocated, so a token costs head_dim values a layer instead of 2 * heads * head_dim.
+
 One extra page, `dummy_page` (= num_pages), is allocated past the scheduler's pages: padded rows
 of a CUDA-graph batch point there, so their KV writes can never touch a live request's page.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..config import kv_saturation
 from ..kernels import fused_ops
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What a model's KV cache holds per token and layer (`CausalLM.kv_layout`)."""
+
+    num_kv_heads: int  # the model's KV heads, split over TP ranks; MLA: 1, on every rank
+    head_dim: int  # K's width
+    v_dim: int | None = None  # MLA: V is K's first v_dim values (KVPool's MLA mode)
+
+    def bytes_per_token(self, num_layers: int, dtype: torch.dtype, tp_size: int = 1) -> int:
+        """One token's cache over all layers on one TP rank."""
+        heads = self.num_kv_heads if self.v_dim is not None else self.num_kv_heads // tp_size
+        return KVPool.bytes_per_page(num_layers, 1, heads, self.head_dim, dtype, self.v_dim)
 
 
 class KVPool:
@@ -36,7 +56,10 @@ class KVPool:
         device: torch.device,
         max_slots: int,
         max_pages_per_seq: int,
+        v_dim: int | None = None,
     ) -> None:
+        if v_dim is not None and not 0 < v_dim <= head_dim:
+            raise ValueError(f"an MLA pool's v_dim ({v_dim}) must be in (0, head_dim={head_dim}]")
         if min(num_layers, num_pages, page_size, num_kv_heads, head_dim, max_slots,
                max_pages_per_seq) <= 0:
             raise ValueError("every KVPool dimension must be positive")
@@ -49,21 +72,33 @@ class KVPool:
         # One allocation per layer and kind (not one big tensor) so that each is contiguous and
         # can be handed to kernels as is.
         self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.v_dim = v_dim  # None: V stored apart, head_dim wide
+        if v_dim is None:
+            self.v = [torch.zeros(shape, dtype=dtype, device=self.device)
+                      for _ in range(num_layers)]
+        else:  # MLA: V is K's leading values, a view (no storage of its own)
+            self.v = [k[..., :v_dim] for k in self.k]
         self.page_table = torch.zeros(max_slots, max_pages_per_seq, dtype=torch.int32,
                                       device=self.device)
 
     @staticmethod
     def bytes_per_page(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int,
-                       dtype: torch.dtype) -> int:
+                       dtype: torch.dtype, v_dim: int | None = None) -> int:
+        """What a page stores over all layers: K and V, or (MLA, `v_dim` set) K only."""
         elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * page_size * num_kv_heads * head_dim * elem
+        kinds = 1 if v_dim is not None else 2
+        return kinds * num_layers * page_size * num_kv_heads * head_dim * elem
+
+    @property
+    def mla(self) -> bool:
+        return self.v_dim is not None
 
     def k_flat(self, layer: int) -> torch.Tensor:
         return self.k[layer].view(-1, self.num_kv_heads, self.head_dim)
 
     def v_flat(self, layer: int) -> torch.Tensor:
-        return self.v[layer].view(-1, self.num_kv_heads, self.head_dim)
+        """[slots, num_kv_heads, v width]; under MLA a strided view into K."""
+        return self.v[layer].flatten(0, 1)
 
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k, v [T, num_kv_heads, head_dim] at flat locations `loc` [T] (int64).
@@ -86,4 +121,5 @@ class KVPool:
         return x.to(self.dtype)
 
     def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        stored = self.k if self.mla else self.k + self.v  # MLA: V is a view of K
+        return sum(t.numel() * t.element_size() for t in stored)

@@ -3,7 +3,7 @@
 Per request it gathers the request's KV from its pages, and attends with an explicit causal mask
 offset by the cached length, so prefills, chunked prefills (cache_len > 0) and decodes all take
 the same path. It loops over requests: it is the oracle for the fast backends and the CPU path,
-not a GPU serving kernel. It computes every per-layer feature (windows, soft-caps, sinks): plain
+not a GPU serving kernel. It computes every per-layer feature (windows, soft-caps, sinks, MLA): plain
 layers take SDPA, the others an explicit softmax.
 """
 
@@ -69,6 +69,10 @@ class TorchBackend(AttentionBackend):
         k_all, v_all = self.pool.k_flat(layer_id), self.pool.v_flat(layer_id)
         groups = q.shape[1] // k.shape[1]
         spec = self.config.layer(layer_id)
+        # MLA's one latent head: broadcast over the query heads (written out below) rather than
+        # copied once per head.
+        if spec.value_dim is not None:
+            groups = 1
         out = q.new_empty(*q.shape[:2], v_all.shape[-1])
         for r in self._reqs:
             # [heads, tokens, dim] for sdpa; GQA by repeating each kv head over its query group.

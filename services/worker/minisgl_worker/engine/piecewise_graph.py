@@ -125,10 +125,12 @@ class PiecewiseGraphs:
             self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
             self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
             self.loc = torch.full((n,), self.dummy_slot, dtype=torch.int64, device=dev)
+            # V and the output are v_head_dim wide: head_dim, or MLA's latent width.
+            dv = c.v_head_dim
             self.q = torch.zeros(n, c.num_qo_heads, c.head_dim, dtype=c.dtype, device=dev)
             self.k = torch.zeros(n, c.num_kv_heads, c.head_dim, dtype=c.dtype, device=dev)
-            self.v = torch.zeros_like(self.k)
-            self.out = torch.zeros_like(self.q)
+            self.v = torch.zeros(n, c.num_kv_heads, dv, dtype=c.dtype, device=dev)
+            self.out = torch.zeros(n, c.num_qo_heads, dv, dtype=c.dtype, device=dev)
             if not eager:
                 t0 = time.perf_counter()
                 try:

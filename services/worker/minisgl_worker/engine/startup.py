@@ -104,7 +104,8 @@ def attention_config(config: EngineConfig, mc: ModelConfig, heads: int, kv_heads
                      device: torch.device) -> AttentionConfig:
     """What the attention backends compute for this model on this rank."""
     cls = model_class(mc.architecture)
-    return AttentionConfig(heads, kv_heads, mc.head_dim, cls.attention_scale(mc), page_size,
+    return AttentionConfig(heads, kv_heads, cls.kv_layout(mc).head_dim, cls.attention_scale(mc),
+                           page_size,
                            config.max_slots, max_pages_per_seq, max_model_len, dtype, device,
                            kv_dtype=kv_dtype, layers=cls.attention_layers(mc))
 
@@ -121,8 +122,12 @@ def check_backend_features(config: EngineConfig, mc: ModelConfig, device: torch.
 
 
 def shard_heads(mc: ModelConfig) -> tuple[int, int]:
-    """This rank's (attention heads, KV heads); raises when TP does not split them evenly."""
-    return dist.shard(mc.num_heads, "heads"), dist.shard(mc.num_kv_heads, "kv heads")
+    """This rank's (attention heads, KV heads); raises when TP does not split them evenly.
+    MLA's one latent KV head is on every rank."""
+    layout = model_class(mc.architecture).kv_layout(mc)
+    kv_heads = (layout.num_kv_heads if layout.v_dim is not None
+                else dist.shard(layout.num_kv_heads, "kv heads"))
+    return dist.shard(mc.num_heads, "heads"), kv_heads
 
 
 def load_weights(config: EngineConfig, mc: ModelConfig, max_model_len: int,
@@ -173,7 +178,9 @@ def size_kv_cache(config: EngineConfig, mc: ModelConfig, kv_heads: int, page_siz
         return config.num_pages
     if memory is None and device.type != "cuda":
         return max(1, -(-config.kv_cache_tokens // page_size))
-    per_page = KVPool.bytes_per_page(mc.num_layers, page_size, kv_heads, mc.head_dim, kv_dtype)
+    layout = model_class(mc.architecture).kv_layout(mc)
+    per_page = KVPool.bytes_per_page(mc.num_layers, page_size, kv_heads, layout.head_dim,
+                                     kv_dtype, layout.v_dim)
     free, total = memory if memory is not None else torch.cuda.mem_get_info(device)
     budget = kv_budget_bytes(free, total, config.mem_fraction)
     pages = torch.tensor([int(budget // per_page)], device=device)
@@ -191,8 +198,9 @@ def make_kv_pool(config: EngineConfig, mc: ModelConfig, kv_heads: int, num_pages
                  device: torch.device) -> KVPool:
     """The KV cache, with a page-table row of ceil(max_model_len / page_size) for every slot."""
     max_pages_per_seq = -(-max_model_len // page_size)
-    return KVPool(mc.num_layers, num_pages, page_size, kv_heads, mc.head_dim, kv_dtype, device,
-                  config.max_slots, max_pages_per_seq)
+    layout = model_class(mc.architecture).kv_layout(mc)
+    return KVPool(mc.num_layers, num_pages, page_size, kv_heads, layout.head_dim, kv_dtype,
+                  device, config.max_slots, max_pages_per_seq, v_dim=layout.v_dim)
 
 
 def choose_backend(config: EngineConfig, mc: ModelConfig, heads: int, pool: KVPool,

@@ -2,9 +2,9 @@
 
 Every query head attends to one shared cached row a token: the latent (the first V_DIM values,
 which are also the values) followed by the rotary key (ROPE_DIM values). So one K row load
-serves all heads, and V is that same load's latent part: nothing else is read. The row is split
-into its two power-of-two parts (512 + 64 for DeepSeek) so no lane is padded, and each program
-takes a block of heads (decode) or of queries of one head (extend).
+serves all heads, and V is that same load's latent part: nothing else is read. The row is loaded
+as its two parts, each padded to a power of two (DeepSeek's 512 + 64 need no padding), and each
+program takes a block of heads (decode) or of queries of one head (extend).
 
 Decode (split-K like paged_decode): program (b, head block, split) leaves a normalised partial
 output and its base-2 log-sum-exp; paged_decode's merge kernel combines the splits (the same
@@ -30,6 +30,7 @@ def _mla_decode_kernel(
     stride_qb, stride_qh, stride_kp, stride_kt, stride_pt,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
     PAGE_SIZE: tl.constexpr, V_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     DIRECT: tl.constexpr,
 ):
@@ -43,23 +44,28 @@ def _mla_decode_kernel(
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
-    dv = tl.arange(0, V_DIM)
-    dr = tl.arange(0, ROPE_DIM)
+    dv = tl.arange(0, BLOCK_V)
+    dr = tl.arange(0, BLOCK_R)
+    v_mask = dv < V_DIM
+    r_mask = dr < ROPE_DIM
     q_row = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
-    q_lat = tl.load(q_row + dv[None, :], mask=h_mask[:, None], other=0.0)
-    q_pe = tl.load(q_row + V_DIM + dr[None, :], mask=h_mask[:, None], other=0.0)
+    q_lat = tl.load(q_row + dv[None, :], mask=h_mask[:, None] & v_mask[None, :], other=0.0)
+    q_pe = tl.load(q_row + V_DIM + dr[None, :], mask=h_mask[:, None] & r_mask[None, :],
+                   other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, V_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_V], tl.float32)
     n = tl.arange(0, BLOCK_N)
     for s in range(start, end, BLOCK_N):
         t = s + n
         t_mask = t < end
         page = tl.load(page_table_ptr + row * stride_pt + t // PAGE_SIZE, mask=t_mask, other=0)
         base = kv_ptr + page.to(tl.int64)[:, None] * stride_kp + (t % PAGE_SIZE)[:, None] * stride_kt
-        k_lat = tl.load(base + dv[None, :], mask=t_mask[:, None], other=0.0).to(q_lat.dtype)
-        k_pe = tl.load(base + V_DIM + dr[None, :], mask=t_mask[:, None], other=0.0).to(q_pe.dtype)
+        k_lat = tl.load(base + dv[None, :], mask=t_mask[:, None] & v_mask[None, :],
+                        other=0.0).to(q_lat.dtype)
+        k_pe = tl.load(base + V_DIM + dr[None, :], mask=t_mask[:, None] & r_mask[None, :],
+                       other=0.0).to(q_pe.dtype)
         qk = tl.dot(q_lat, tl.trans(k_lat), input_precision=PRECISION)
         qk += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
         qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
@@ -75,11 +81,12 @@ def _mla_decode_kernel(
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     if DIRECT:
         tl.store(out_ptr + b.to(tl.int64) * stride_outb + heads[:, None] * stride_outh
-                 + dv[None, :], out.to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
+                 + dv[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=h_mask[:, None] & v_mask[None, :])
     elif start < seq_len:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(part_o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh
-                 + split * stride_os + dv[None, :], out, mask=h_mask[:, None])
+                 + split * stride_os + dv[None, :], out, mask=h_mask[:, None] & v_mask[None, :])
         tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=h_mask)
 
 
@@ -88,6 +95,7 @@ def _mla_extend_kernel(
     q_ptr, kv_ptr, out_ptr, page_table_ptr, rows_ptr, cu_q_ptr, prefix_ptr, qk_scale,
     stride_qt, stride_qh, stride_kp, stride_kt, stride_ot, stride_oh, stride_pt,
     PAGE_SIZE: tl.constexpr, V_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -102,16 +110,19 @@ def _mla_extend_kernel(
     i = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     i_mask = i < q_len
     tok = (q_start + i).to(tl.int64)
-    dv = tl.arange(0, V_DIM)
-    dr = tl.arange(0, ROPE_DIM)
+    dv = tl.arange(0, BLOCK_V)
+    dr = tl.arange(0, BLOCK_R)
+    v_mask = dv < V_DIM
+    r_mask = dr < ROPE_DIM
     q_row = q_ptr + tok[:, None] * stride_qt + h * stride_qh
-    q_lat = tl.load(q_row + dv[None, :], mask=i_mask[:, None], other=0.0)
-    q_pe = tl.load(q_row + V_DIM + dr[None, :], mask=i_mask[:, None], other=0.0)
+    q_lat = tl.load(q_row + dv[None, :], mask=i_mask[:, None] & v_mask[None, :], other=0.0)
+    q_pe = tl.load(q_row + V_DIM + dr[None, :], mask=i_mask[:, None] & r_mask[None, :],
+                   other=0.0)
     q_pos = prefix + i
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, V_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
     kv_end = prefix + tl.minimum(q_len, (mb + 1) * BLOCK_M)
     n = tl.arange(0, BLOCK_N)
     for s in range(0, kv_end, BLOCK_N):
@@ -119,8 +130,10 @@ def _mla_extend_kernel(
         t_mask = t < kv_end
         page = tl.load(page_table_ptr + row * stride_pt + t // PAGE_SIZE, mask=t_mask, other=0)
         base = kv_ptr + page.to(tl.int64)[:, None] * stride_kp + (t % PAGE_SIZE)[:, None] * stride_kt
-        k_lat = tl.load(base + dv[None, :], mask=t_mask[:, None], other=0.0).to(q_lat.dtype)
-        k_pe = tl.load(base + V_DIM + dr[None, :], mask=t_mask[:, None], other=0.0).to(q_pe.dtype)
+        k_lat = tl.load(base + dv[None, :], mask=t_mask[:, None] & v_mask[None, :],
+                        other=0.0).to(q_lat.dtype)
+        k_pe = tl.load(base + V_DIM + dr[None, :], mask=t_mask[:, None] & r_mask[None, :],
+                       other=0.0).to(q_pe.dtype)
         qk = tl.dot(q_lat, tl.trans(k_lat), input_precision=PRECISION)
         qk += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
         visible = t_mask[None, :] & (t[None, :] <= q_pos[:, None])
@@ -135,20 +148,20 @@ def _mla_extend_kernel(
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + tok[:, None] * stride_ot + h * stride_oh + dv[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=i_mask[:, None])
+             out.to(out_ptr.dtype.element_ty), mask=i_mask[:, None] & v_mask[None, :])
 
 
-def _check(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int) -> tuple[int, int, int]:
-    """(page_size, V_DIM, ROPE_DIM); both parts must be powers of two (DeepSeek: 512, 64)."""
+def _check(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int) -> dict[str, int]:
+    """The kernels' shape constants: page size, the two parts' widths and their blocks."""
     _, page_size, kv_heads, width = kv_cache.shape
     rope = width - v_dim
-    if kv_heads != 1 or q.shape[-1] != width:
-        raise ValueError(f"MLA attention takes one cached row a token of q's width; got cache "
-                         f"{tuple(kv_cache.shape)} for q {tuple(q.shape)}")
-    if v_dim & (v_dim - 1) or rope & (rope - 1) or rope < 16 or v_dim < 16:
-        raise ValueError(f"MLA kernels need power-of-two latent and rotary widths >= 16, got "
-                         f"{v_dim} + {rope}")
-    return page_size, v_dim, rope
+    if kv_heads != 1 or q.shape[-1] != width or not 0 < v_dim < width:
+        raise ValueError(f"MLA attention takes one cached row a token of q's width, values its "
+                         f"first {v_dim}; got cache {tuple(kv_cache.shape)} for q "
+                         f"{tuple(q.shape)}")
+    return dict(PAGE_SIZE=page_size, V_DIM=v_dim, ROPE_DIM=rope,
+                BLOCK_V=max(16, triton.next_power_of_2(v_dim)),
+                BLOCK_R=max(16, triton.next_power_of_2(rope)))
 
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int, page_table: torch.Tensor,
@@ -159,7 +172,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int, page_table: 
     rows / seq_lens as paged_decode. `workspace` (partials [B, H, S, V], lse [B, H, S] fp32)
     may be preallocated for CUDA graphs."""
     batch, num_heads, _ = q.shape
-    page_size, vd, rope = _check(q, kv_cache, v_dim)
+    shape = _check(q, kv_cache, v_dim)
+    vd = v_dim
     out = q.new_empty(batch, num_heads, vd)
     if batch == 0:
         return out
@@ -177,8 +191,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int, page_table: 
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), page_table.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0),
         part_lse.stride(1), out.stride(0), out.stride(1),
-        PAGE_SIZE=page_size, V_DIM=vd, ROPE_DIM=rope, BLOCK_H=block_h, BLOCK_N=block_n,
-        PRECISION=precision, DIRECT=direct, num_warps=8, num_stages=2,
+        **shape, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision, DIRECT=direct,
+        num_warps=8, num_stages=2,
     )
     if direct:
         return out
@@ -186,7 +200,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int, page_table: 
         part_o, part_lse, out, seq_lens, q, num_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-        HEAD_DIM=vd, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=vd, BLOCK_N=block_n,
+        HEAD_DIM=vd, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=shape["BLOCK_V"],
+        BLOCK_N=block_n,
         num_warps=4,
     )
     return out
@@ -198,8 +213,8 @@ def mla_extend(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int, page_table: 
                block_n: int = 32) -> torch.Tensor:
     """q [T, H, V + R] packed by request -> [T, H, V]; arguments as paged_extend's."""
     num_tokens, num_heads, _ = q.shape
-    page_size, vd, rope = _check(q, kv_cache, v_dim)
-    out = q.new_empty(num_tokens, num_heads, vd)
+    shape = _check(q, kv_cache, v_dim)
+    out = q.new_empty(num_tokens, num_heads, v_dim)
     batch = rows.shape[0]
     if num_tokens == 0 or batch == 0:
         return out
@@ -209,7 +224,7 @@ def mla_extend(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int, page_table: 
         q, kv_cache, out, page_table, rows, cu_q_lens, prefix_lens, sm_scale * _LOG2E,
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), out.stride(0),
         out.stride(1), page_table.stride(0),
-        PAGE_SIZE=page_size, V_DIM=vd, ROPE_DIM=rope, BLOCK_M=block_m, BLOCK_N=block_n,
+        **shape, BLOCK_M=block_m, BLOCK_N=block_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=8, num_stages=2,
     )
     return out

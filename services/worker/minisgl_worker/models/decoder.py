@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..attention.base import AttentionBackend, LayerAttention
+from ..attention.kv_pool import KVLayout
 from ..distributed import tp
 from ..layers.attention import SelfAttention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -36,10 +37,12 @@ _PACKED_RE = re.compile(r"^(.*\.)(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weig
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, mlp: nn.Module,
                  qkv_bias: bool, qk_norm: bool, o_bias: bool = False,
-                 sinks: bool = False) -> None:
+                 sinks: bool = False, attention: nn.Module | None = None) -> None:
+        """`attention`: another attention module (same forward signature as SelfAttention,
+        e.g. DeepSeek's latent attention); None: SelfAttention."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = SelfAttention(
+        self.self_attn = attention if attention is not None else SelfAttention(
             layer_id, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, rotary,
             qkv_bias=qkv_bias, qk_norm_eps=cfg.rms_norm_eps if qk_norm else None,
             o_bias=o_bias, sinks=sinks)
@@ -51,7 +54,7 @@ class DecoderLayer(nn.Module):
         # the model's final norm.
         self.reduce = tp().size > 1
         if self.reduce:
-            self.self_attn.defer_reduction()
+            cast(Any, self.self_attn).defer_reduction()
             cast(Any, self.mlp).defer_reduction()
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
@@ -106,13 +109,19 @@ class CausalLM(nn.Module):
         """The softmax scale of every layer."""
         return float(cfg.head_dim) ** -0.5
 
+    @classmethod
+    def kv_layout(cls, cfg: ModelConfig) -> KVLayout:
+        """What the KV cache holds per token and layer: K and V of every KV head."""
+        return KVLayout(cfg.num_kv_heads, cfg.head_dim)
+
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta,
+        self.rotary = RotaryEmbedding(self.rotary_dim(cfg), max_positions, cfg.rope_theta,
                                       cfg.rope_scaling, cfg.max_position_embeddings)
         layers = [DecoderLayer(cfg, i, self.rotary, self.make_mlp(cfg, i), self.qkv_bias,
-                               self.qk_norm, self.o_bias, self.attention_sinks)
+                               self.qk_norm, self.o_bias, self.attention_sinks,
+                               self.make_attention(cfg, i))
                   for i in range(cfg.num_layers)]
         self.model = DecoderModel(cfg, layers)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
@@ -121,6 +130,14 @@ class CausalLM(nn.Module):
 
     def make_mlp(self, cfg: ModelConfig, layer_id: int) -> nn.Module:
         return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def rotary_dim(self, cfg: ModelConfig) -> int:
+        """The dimensions the rotary embedding turns (every one of a head by default)."""
+        return cfg.head_dim
+
+    def make_attention(self, cfg: ModelConfig, layer_id: int) -> nn.Module | None:
+        """A layer's attention module; None: the standard SelfAttention."""
+        return None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionBackend) -> torch.Tensor:
