@@ -371,19 +371,20 @@ def test_start_up_prefills_reach_both_tiles_of_the_prefill_kernel(tiny_model_pat
         engine.close()
 
 
-def test_engine_triton_serves_windows_and_sinks_like_hf(tiny_model) -> None:  # noqa: ANN001
-    """gpt-oss (alternating 8-token windows, sinks) on the Triton backend: prefill chunks and
-    decode steps give HF's logits."""
+@pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v2", "deepseek_v3"])
+def test_engine_triton_serves_the_new_attention_kinds_like_hf(tiny_model, arch: str) -> None:  # noqa: ANN001
+    """gpt-oss (alternating 8-token windows, sinks) and DeepSeek (latent attention) on the
+    Triton backend: prefill chunks and decode steps give HF's logits."""
     from minisgl_core.step import ReqPlan, StepPlan
     from minisgl_worker.engine import Engine, EngineConfig
 
     from .tiny_models import VOCAB, build_hf_model
 
-    hf = build_hf_model("gpt_oss")
+    hf = build_hf_model(arch)
     seq = [(7 * i + 3) % VOCAB for i in range(24)]
     with torch.no_grad():
         ref = hf(torch.tensor([seq])).logits[0].float()
-    engine = Engine(EngineConfig(model_path=str(tiny_model("gpt_oss")), page_size=4,
+    engine = Engine(EngineConfig(model_path=str(tiny_model(arch)), page_size=4,
                                  num_pages=16, max_slots=2, attention_backend="triton"))
     pages = list(range(6))
     chunks = [(0, 5), (5, 14)] + [(i, i + 1) for i in range(14, len(seq))]

@@ -103,7 +103,11 @@ class KVPool:
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k, v [T, num_kv_heads, head_dim] at flat locations `loc` [T] (int64).
         On CUDA one Triton kernel writes both (two index_put ops cost ~11 us each at decode
-        batch 256); a negative loc then stores nothing, where index_put would wrap around."""
+        batch 256); a negative loc then stores nothing, where index_put would wrap around.
+        MLA: only k is written (v is a view of its leading values)."""
+        if self.mla:
+            self.k_flat(layer)[loc] = self._encode(k)
+            return
         if fused_ops.usable(k) and k.stride(-1) == 1 and v.stride(-1) == 1:
             from ..kernels.store_kv import store_kv  # imports triton: only on this path
 

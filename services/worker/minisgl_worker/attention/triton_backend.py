@@ -7,6 +7,8 @@ buffers that `prepare_for_replay` refills, and the split count is fixed per capt
 (splits past a request's length exit at once), so one graph serves every sequence length.
 Eager decode uses the same split count as the graph of its batch size, so the two agree exactly.
 Sliding windows and attention sinks are computed by both kernels; logit soft-caps are not.
+Multi-head latent attention (DeepSeek) goes through kernels/mla_attention.py, which reads each
+token's one cached latent row for every head.
 """
 
 from __future__ import annotations
@@ -64,13 +66,18 @@ class TritonBackend(AttentionBackend):
 
     @classmethod
     def unsupported(cls, spec: LayerAttention) -> str | None:
-        return f"no kernel for logit soft-cap {spec.softcap}" if spec.softcap is not None else None
+        if spec.softcap is not None:
+            return f"no kernel for logit soft-cap {spec.softcap}"
+        if spec.value_dim is not None and (spec.window is not None or spec.sinks):
+            return "no kernel for multi-head latent attention with windows or sinks"
+        return None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from ..kernels import paged_decode, paged_extend, store_kv
+        from ..kernels import mla_attention, paged_decode, paged_extend, store_kv
 
         self._decode, self._extend, self._store = paged_decode, paged_extend, store_kv
+        self._mla = mla_attention
         self._meta: _StepMeta | None = None
         self._rows: torch.Tensor | None = None
         self._graph: _GraphBuffers | None = None
@@ -99,10 +106,13 @@ class TritonBackend(AttentionBackend):
         m = self._meta
         if m is None:
             raise RuntimeError("TritonBackend.forward before prepare")
+        spec = self.config.layer(layer_id)
+        if spec.value_dim is not None:
+            return self._latent(q, k, v, layer_id, kv_stored, spec.value_dim, m)
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
         if not kv_stored:
             self._store.store_kv(k_cache, v_cache, k, v, m.out_loc)
-        window = self.config.layer(layer_id).window
+        window = spec.window
         if m.is_decode:
             return self._decode.paged_decode(
                 q, k_cache, v_cache, m.page_table, m.rows, m.seq_lens, self.config.scale,
@@ -110,6 +120,18 @@ class TritonBackend(AttentionBackend):
         return self._extend.paged_extend(
             q, k_cache, v_cache, m.page_table, m.rows, m.qo_indptr, m.cache_lens,
             m.max_extend_len, self.config.scale, window=window, sinks=sinks)
+
+    def _latent(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                kv_stored: bool, value_dim: int, m: _StepMeta) -> torch.Tensor:
+        """MLA: q [T, H, latent + rope] against the one cached row a token -> [T, H, latent]."""
+        if not kv_stored:
+            self.pool.store(layer_id, m.out_loc, k, v)
+        cache = self.pool.k[layer_id]
+        if m.is_decode:
+            return self._mla.mla_decode(q, cache, value_dim, m.page_table, m.rows, m.seq_lens,
+                                        self.config.scale, m.num_splits, workspace=m.workspace)
+        return self._mla.mla_extend(q, cache, value_dim, m.page_table, m.rows, m.qo_indptr,
+                                    m.cache_lens, m.max_extend_len, self.config.scale)
 
     # -- CUDA graphs -----------------------------------------------------------------------------
 
@@ -155,7 +177,7 @@ class TritonBackend(AttentionBackend):
         g.out_loc[:bs].copy_(batch.out_loc, non_blocking=True)
         g.order[:bs].copy_(_longest_first(batch), non_blocking=True)
         splits = self._graph_splits(bs)
-        h, d = c.num_qo_heads, c.head_dim
+        h, d = c.num_qo_heads, c.v_head_dim  # the output's width (MLA: the latent's)
         n_o = bs * h * splits * d
         part_o = g.partial[:n_o].view(bs, h, splits, d)
         part_lse = g.partial[n_o : n_o + bs * h * splits].view(bs, h, splits)
