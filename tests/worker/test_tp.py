@@ -62,7 +62,7 @@ def _run(path: object, tp: int, quantization: str = "none",
         engine.close()
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "gemma3"])
 def test_tp2_equals_tp1(tiny_model, arch: str) -> None:  # noqa: ANN001
     """Greedy batches: at TP=2 every draw is sharded (no logits gathered for it)."""
     path = tiny_model(arch)

@@ -10,7 +10,15 @@ VOCAB = 512
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
               rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3")
+# Gemma 3: two local (window 8, shorter than the tests' long prompts) layers and a global one,
+# each kind with its own RoPE (the global one linearly scaled), query_pre_attn_scalar unlike
+# head_dim, capped output logits.
+GEMMA3 = dict(COMMON, num_hidden_layers=3, head_dim=16, sliding_window=8,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+              rope_theta=1_000_000.0, rope_local_base_freq=100.0,
+              rope_scaling={"rope_type": "linear", "factor": 8.0}, query_pre_attn_scalar=24,
+              final_logit_softcapping=6.0)
 
 
 def hf_config(arch: str):  # noqa: ANN201 - a transformers config
@@ -30,6 +38,8 @@ def hf_config(arch: str):  # noqa: ANN201 - a transformers config
         return tf.Qwen3MoeConfig(**COMMON, head_dim=16, moe_intermediate_size=32, num_experts=8,
                                  num_experts_per_tok=2, norm_topk_prob=True,
                                  decoder_sparse_step=1, mlp_only_layers=[1])
+    if arch == "gemma3":
+        return tf.Gemma3TextConfig(**GEMMA3)
     raise ValueError(arch)
 
 

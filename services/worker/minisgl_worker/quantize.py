@@ -39,6 +39,6 @@ def quantize_model(model: nn.Module, method: str) -> int:
 def _feed_fp8_norms(layer: DecoderLayer) -> None:
     """The MoE block's router needs the unquantized rows: its post-attention norm stays plain."""
     layer.input_layernorm = Fp8FeedingRMSNorm(layer.input_layernorm, layer.self_attn.qkv_proj)
-    if isinstance(layer.mlp, GatedMLP):
-        layer.post_attention_layernorm = Fp8FeedingRMSNorm(layer.post_attention_layernorm,
-                                                           layer.mlp.gate_up_proj)
+    if isinstance(layer.mlp, GatedMLP):  # a sandwich layer's post-attention norm feeds the sum
+        name = layer.mlp_input_norm
+        setattr(layer, name, Fp8FeedingRMSNorm(getattr(layer, name), layer.mlp.gate_up_proj))
