@@ -226,3 +226,21 @@ def test_multimodal_output_softcap_is_refused(multimodal: tuple[Any, Path]) -> N
     with pytest.raises(ValueError, match="final_logit_softcapping") as err:
         ModelConfig.from_dict(d)
     assert "\n" not in str(err.value)
+
+
+def test_fp8_feeds_the_mlp_input_norm_not_the_post_attention_one(tiny_model) -> None:  # noqa: ANN001
+    """A sandwich layer's post-attention norm output joins the residual sum: it must stay
+    unquantized; the pre-feedforward norm is the one whose only consumer is gate_up."""
+    from minisgl_worker.layers.norm import Fp8FeedingRMSNorm
+    from minisgl_worker.loader import load_model
+
+    path = tiny_model("gemma3")
+    cfg = ModelConfig.load(path)
+    model = load_model(path, cfg, "safetensors", 64, torch.device("cpu"), torch.float32,
+                       quantization="fp8")
+    for layer in model.model.layers:
+        assert isinstance(layer.input_layernorm, Fp8FeedingRMSNorm)
+        assert isinstance(layer.pre_feedforward_layernorm, Fp8FeedingRMSNorm)
+        assert layer.pre_feedforward_layernorm.unit_offset
+        for name in ("post_attention_layernorm", "post_feedforward_layernorm"):
+            assert not isinstance(getattr(layer, name), Fp8FeedingRMSNorm), name
