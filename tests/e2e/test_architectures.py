@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "models" / "tiny"
 VOCAB = 4096  # the embedded tokenizer's
 # tests/worker/tiny_models.py names; the windowed Mistral is built here
-SERVED = ["mistral_window", "qwen3_moe", "gpt_oss"]
+SERVED = ["mistral_window", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3",
+          "gemma3"]
 PROMPT = [(37 * i + 11) % VOCAB for i in range(21)]  # longer than the tiny windows
 NEW_TOKENS = 12
 

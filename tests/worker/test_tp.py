@@ -63,7 +63,7 @@ def _run(path: object, tp: int, quantization: str = "none",
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "gpt_oss", "deepseek_v2",
-                                  "deepseek_v3"])
+                                  "deepseek_v3", "gemma3"])
 def test_tp2_equals_tp1(tiny_model, arch: str) -> None:  # noqa: ANN001
     """Greedy batches: at TP=2 every draw is sharded (no logits gathered for it). gpt-oss: its
     o_proj and expert down biases are added once over the ranks; sinks split by head."""

@@ -11,7 +11,7 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidde
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
               rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "deepseek_v2",
-         "deepseek_v3")
+         "deepseek_v3", "gemma3")
 # gpt-oss: YaRN over an "original" context the test prompts run past (the chunked test's 45
 # tokens), a window of 8 on the first layer, and a SwiGLU limit low enough that the tiny
 # model's gate/up values cross it (the real 7.0 is seldom reached by these weights).
@@ -25,6 +25,14 @@ GPT_OSS = dict(head_dim=16, intermediate_size=32, num_local_experts=8, num_exper
 DEEPSEEK = dict(num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
                 v_head_dim=16, moe_intermediate_size=32, n_routed_experts=8,
                 num_experts_per_tok=2)
+# Gemma 3: two local (window 8, shorter than the tests' long prompts) layers and a global one,
+# each kind with its own RoPE (the global one linearly scaled), query_pre_attn_scalar unlike
+# head_dim, capped output logits.
+GEMMA3 = dict(COMMON, num_hidden_layers=3, head_dim=16, sliding_window=8,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+              rope_theta=1_000_000.0, rope_local_base_freq=100.0,
+              rope_scaling={"rope_type": "linear", "factor": 8.0}, query_pre_attn_scalar=24,
+              final_logit_softcapping=6.0)
 
 
 def hf_config(arch: str):  # noqa: ANN201 - a transformers config
@@ -58,6 +66,8 @@ def hf_config(arch: str):  # noqa: ANN201 - a transformers config
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                              "original_max_position_embeddings": 64, "mscale": 0.9,
                              "mscale_all_dim": 0.7, "beta_fast": 32, "beta_slow": 1})
+    if arch == "gemma3":
+        return tf.Gemma3TextConfig(**GEMMA3)
     raise ValueError(arch)
 
 

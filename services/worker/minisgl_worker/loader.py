@@ -65,16 +65,21 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
     loaded: dict[str, set[object]] = {}  # parameter -> shard ids filled
     unmatched: list[str] = []
     beyond: set[int] = set()  # layers past num_hidden_layers (MTP heads, a truncated config)
+    skipped: dict[str, int] = {}  # reason -> tensors (a multimodal checkpoint's vision part)
     for path in progress(files, total=len(files), desc="loading weights", unit="file"):
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                reason = model.skip_reason(name)
+                if reason is not None:
+                    skipped[reason] = skipped.get(reason, 0) + 1
+                    continue
                 target = model.weight_target(name)
                 if target is None:
                     continue
                 pname, shard_id = target
                 param = params.get(pname)
                 if param is None:
-                    layer = _layer_index(name)
+                    layer = _layer_index(pname)
                     if layer is not None and layer >= model.cfg.num_layers:
                         beyond.add(layer)
                     else:
@@ -83,6 +88,8 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
                 # weight_loader / num_shards: attributes layers/weights.py sets on each Parameter.
                 param.weight_loader(param, f.get_slice(name), shard_id)  # type: ignore[attr-defined]
                 loaded.setdefault(pname, set()).add(shard_id)
+    for reason, count in skipped.items():
+        log.info("skipped %d checkpoint tensors: %s", count, reason)
     if beyond:
         log.info("skipped checkpoint layers %s: the config has %d layers", sorted(beyond),
                  model.cfg.num_layers)

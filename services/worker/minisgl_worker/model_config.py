@@ -1,7 +1,9 @@
 """The parts of a HF `config.json` the models read, normalised across transformers versions.
 
 Public checkpoints write `rope_theta` / `rope_scaling` and `num_experts`; configs saved by
-transformers 5 write `rope_parameters` and may write `num_local_experts`. Both are accepted.
+transformers 5 write `rope_parameters` and may write `num_local_experts`. Both are accepted, and
+so is `rope_parameters` keyed by layer type (Gemma 3: {"full_attention": {...},
+"sliding_attention": {...}}). Gemma 3 configs are first made flat by gemma3_config.py.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from . import gemma3_config
 
 
 def refuse_quantized(d: dict[str, Any]) -> None:
@@ -28,6 +32,22 @@ def refuse_quantized(d: dict[str, Any]) -> None:
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")  # rope_scaling kinds layers/rotary.py computes
+
+
+def _rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A rope_scaling dict with its kind under "rope_type", or None for plain RoPE; an unknown
+    kind raises, naming it."""
+    if scaling is None:
+        return None
+    scaling = dict(scaling)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    scaling["rope_type"] = kind
+    if kind == "default":
+        return None
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"config.json rope_scaling type {kind!r} is not supported "
+                         f"(supported: {', '.join(ROPE_TYPES)})")
+    return scaling
 
 
 @dataclass
@@ -59,7 +79,16 @@ class ModelConfig:
     # per layer "full_attention" or "sliding_attention" (HF `layer_types`); [] : every layer the
     # same, windowed when `sliding_window` is set
     layer_types: list[str] = field(default_factory=list)
+    # (rope theta, rope scaling) of the sliding-window layers where the config gives them their
+    # own (rope_parameters per layer type); None: every layer uses rope_theta / rope_scaling
+    sliding_rope: tuple[float, dict[str, Any] | None] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def layer_rope(self, layer: int) -> tuple[float, dict[str, Any] | None]:
+        """The (theta, scaling) of `layer`'s rotary embedding."""
+        if self.sliding_rope is not None and self.layer_window(layer) is not None:
+            return self.sliding_rope
+        return self.rope_theta, self.rope_scaling
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of `layer` in tokens, or None for full attention."""
@@ -77,19 +106,22 @@ class ModelConfig:
         if not archs:
             raise ValueError("config.json has no 'architectures' entry")
         refuse_quantized(d)
+        if gemma3_config.is_gemma3(d):
+            d = gemma3_config.text_config(d)
         rope: dict[str, Any] = dict(d.get("rope_parameters") or {})
+        sliding_rope = None
+        if any(isinstance(rope.get(t), dict) for t in LAYER_TYPES):  # one per layer type
+            unknown_types = sorted(set(rope) - set(LAYER_TYPES))
+            if unknown_types:
+                raise ValueError(f"config.json rope_parameters {unknown_types[0]!r} is not a "
+                                 f"layer type (supported: {', '.join(LAYER_TYPES)})")
+            local = dict(rope.get("sliding_attention") or {})
+            rope = dict(rope.get("full_attention") or {})
+            sliding_rope = (float(local.get("rope_theta", 10000.0)),
+                            _rope_scaling({k: v for k, v in local.items() if k != "rope_theta"}))
         theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
-        scaling = d.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
-                                            if rope else None)
-        if scaling is not None:
-            scaling = dict(scaling)
-            kind = scaling.get("rope_type", scaling.get("type", "default"))
-            scaling["rope_type"] = kind
-            if kind == "default":
-                scaling = None
-            elif kind not in ROPE_TYPES:
-                raise ValueError(f"config.json rope_scaling type {kind!r} is not supported "
-                                 f"(supported: {', '.join(ROPE_TYPES)})")
+        scaling = _rope_scaling(d.get("rope_scaling") or (
+            {k: v for k, v in rope.items() if k != "rope_theta"} if rope else None))
         heads = d["num_attention_heads"]
         eos = d.get("eos_token_id")
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
@@ -131,6 +163,7 @@ class ModelConfig:
             decoder_sparse_step=d.get("decoder_sparse_step", 1) or 1,
             mlp_only_layers=list(d.get("mlp_only_layers") or []),
             layer_types=layer_types,
+            sliding_rope=sliding_rope,
             raw=d,
         )
 

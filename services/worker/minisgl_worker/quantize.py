@@ -43,6 +43,6 @@ def _feed_fp8_norms(layer: DecoderLayer) -> None:
     qkv = getattr(layer.self_attn, "qkv_proj", None)
     if isinstance(qkv, ColumnParallelLinear):
         layer.input_layernorm = Fp8FeedingRMSNorm(layer.input_layernorm, qkv)
-    if isinstance(layer.mlp, GatedMLP):
-        layer.post_attention_layernorm = Fp8FeedingRMSNorm(layer.post_attention_layernorm,
-                                                           layer.mlp.gate_up_proj)
+    if isinstance(layer.mlp, GatedMLP):  # a sandwich layer's post-attention norm feeds the sum
+        name = layer.mlp_input_norm
+        setattr(layer, name, Fp8FeedingRMSNorm(getattr(layer, name), layer.mlp.gate_up_proj))

@@ -1,5 +1,5 @@
-"""Self-attention: packed QKV projection, optional per-head q/k RMSNorm (Qwen3), rotary, the
-step's attention backend, output projection (optionally biased), optional per-head attention
+"""Self-attention: packed QKV projection, optional per-head q/k RMSNorm (Qwen3, Gemma 3), rotary,
+the step's attention backend, output projection (optionally biased), optional per-head attention
 sinks (gpt-oss). Heads are split across TP ranks."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class SelfAttention(nn.Module):
     def __init__(self, layer_id: int, hidden_size: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, rotary: RotaryEmbedding, qkv_bias: bool = False,
                  qk_norm_eps: float | None = None, o_bias: bool = False,
-                 sinks: bool = False) -> None:
+                 sinks: bool = False, norm_unit_offset: bool = False) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = shard(num_heads, "num_attention_heads")
@@ -31,9 +31,13 @@ class SelfAttention(nn.Module):
             hidden_size, [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim],
             bias=qkv_bias)
         self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, bias=o_bias)
-        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
-        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
-        self.rotary = [rotary]  # a list: shared by every layer, not a submodule of each
+        self.q_norm = self.k_norm = None
+        if qk_norm_eps is not None:  # Gemma's scale by (1 + w): norm_unit_offset
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, norm_unit_offset)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, norm_unit_offset)
+        # A list: shared by the layers of one kind (Gemma 3's local and global layers each have
+        # their own), not a submodule of each. The fused prologue reads this one too.
+        self.rotary = [rotary]
         # Attention sinks (gpt-oss): one learned logit per head, [num_heads] of this rank's heads,
         # handed to the backend with every call. fp32 whatever the model dtype: the backends
         # take them so (a bf16 checkpoint's values convert exactly).

@@ -43,6 +43,13 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    """`softcap` (Gemma's final_logit_softcapping): logits -> cap * tanh(logits / cap), in the
+    activation dtype as transformers computes it. Applied to each rank's shard in `local_logits`,
+    the one place every logits path (forward, the sharded draw, the graphs) goes through; it is
+    elementwise, so the gathered logits are the capped full ones (padding columns stay 0)."""
+
+    softcap: float | None = None
+
     def forward(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """[N, H] -> logits [N, vocab] (the full vocabulary on every rank): fp32, or with
         fp32=False in the activation dtype, for the sampler, which upcasts only where it must
@@ -56,7 +63,10 @@ class ParallelLMHead(VocabParallelEmbedding):
         start .. start + local - 1, the last rank's columns past the vocabulary being padding
         (zero rows). At TP > 1 the sampler's one-pass draw reads it without a gather
         (sampling/sharded.py)."""
-        return fused_ops.linear(hidden, self.weight)
+        logits = fused_ops.linear(hidden, self.weight)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """Every rank's `local_logits` -> the full [N, vocab] (a strided view without the

@@ -1,4 +1,5 @@
-"""The SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up packed in one matmul."""
+"""The gated feed-forward: down(act(gate(x)) * up(x)), gate and up packed in one matmul; act is
+SiLU (SwiGLU) or, for Gemma, GELU with the tanh approximation (GeGLU)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,21 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int,
+                 activation: str = "silu") -> None:
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"MLP activation {activation!r} is not supported ({ACTIVATIONS})")
+        self.activation = activation
         self.gate_up_proj = ColumnParallelLinear(hidden_size, [intermediate_size] * 2)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
 
@@ -29,6 +42,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
+        if self.activation == "gelu_tanh":  # no fused kernel: torch's GELU, as transformers
+            return self.down_proj(gelu_tanh_and_mul(gate_up))
         if self.down_proj.folds_silu_mul(gate_up):  # batch-1 GEMV or fp8: SiLU-and-mul inside
             return self.down_proj(gate_up, silu_mul=True)
         return self.down_proj(silu_and_mul(gate_up))

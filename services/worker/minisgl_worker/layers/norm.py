@@ -11,14 +11,24 @@ from ..distributed import all_reduce, tp
 from ..fp8 import Fp8Rows
 from ..kernels import fused_ops
 from .fp8_linear import Fp8Linear
-from .weights import default_loader, new_param, set_loader
+from .weights import WeightSource, check_shape, default_loader, new_param, read, set_loader, src_shape
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = set_loader(new_param(dim), default_loader)
+        self.unit_offset = unit_offset
+        if unit_offset:
+            self.act_dtype = torch.get_default_dtype()  # the model's, as it is being built
+            self.weight = set_loader(nn.Parameter(torch.empty(dim, dtype=torch.float32),
+                                                  requires_grad=False), self._load_offset)
+        else:
+            self.weight = set_loader(new_param(dim), default_loader)
+
+    def _load_offset(self, param: nn.Parameter, src: WeightSource, shard_id: object = None) -> None:
+        check_shape("a norm weight", src_shape(src), tuple(param.shape))
+        param.data.copy_(1.0 + read(src).to(self.act_dtype).float())
 
     def forward(self, x: torch.Tensor, to_fp8: bool = False) -> torch.Tensor | Fp8Rows:
         """Over the last dim of x ([N, D], or [T, H, D] for per-head q/k norms). to_fp8: the
@@ -30,6 +40,8 @@ class RMSNorm(nn.Module):
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:  # scaled in fp32, rounded once (the fp32 weight holds 1 + w)
+            return (xf * self.weight).to(dtype)
         return self.weight * xf.to(dtype)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor, to_fp8: bool = False,
@@ -62,6 +74,7 @@ class Fp8FeedingRMSNorm(RMSNorm):
 
     def __init__(self, norm: RMSNorm, consumer: Fp8Linear) -> None:
         super().__init__(norm.weight.shape[0], norm.eps)
+        self.unit_offset = norm.unit_offset
         self.weight = norm.weight
         self.consumer = [consumer]  # a list: the projection belongs to its own module
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .decoder import CausalLM
 from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from .gpt_oss import GptOssForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM
 from .qwen2 import Qwen2ForCausalLM
@@ -14,6 +15,8 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
