@@ -115,7 +115,10 @@ class KVManager:
         ones, and tree pages it inserted itself while no other request holds them (a hit's
         pages stay cached). Launched steps up to `until_step` may still read them: they are
         reused only after it is collected (None: nothing in flight, free now)."""
-        lo = min(first_visible_page(pos, self.window, self.page_size), len(req.win))
+        # Kept from the page boundary at or below `pos`: the request's KV stays usable as a
+        # cached prefix that ends there (the next turn of a conversation), one page more at most.
+        ps = self.page_size
+        lo = min(first_visible_page(pos // ps * ps, self.window, ps), len(req.win))
         if lo <= req.win_lo:
             return
         out: list[int] = []
@@ -140,6 +143,29 @@ class KVManager:
             self._free_win(out)
         else:
             self.deferred.put(out, until_step)
+
+    def shed(self, req: Request, until_step: int | None) -> int:
+        """Under memory pressure: drop the window pages of `req`'s cached prefix that its
+        queries no longer read, from nodes no other request holds (`trim` leaves a hit's pages
+        to the cache). Returns how many."""
+        if self.cache is None or req.node is None:
+            return 0
+        out: list[int] = []
+        at = 0
+        for node in self.cache.path(req.node):
+            if at >= req.win_lo:
+                break
+            if node.ref == 1:
+                for j in range(min(len(node.pages), req.win_lo - at)):
+                    if node.win[j] >= 0:
+                        out.append(node.win[j])
+                        node.win[j] = req.win[at + j] = -1
+            at += len(node.pages)
+        if until_step is None:
+            self._free_win(out)
+        else:
+            self.deferred.put(out, until_step)
+        return len(out)
 
     def collected(self, step_id: int) -> None:
         """Step `step_id` was collected (or failed): window pages it could read are free."""
@@ -311,7 +337,8 @@ class KVManager:
                 elif p >= 0:
                     assert i >= r.win_lo, "a dropped window page is still held"
                     private.append(p)
-            lo = first_visible_page(r.computed, self.window, self.page_size)
+            ps = self.page_size
+            lo = first_visible_page(r.computed // ps * ps, self.window, ps)
             assert r.win_lo <= lo, "window pages dropped that the next query reads"
         tree_pages = self.cache.all_win_pages() if self.cache is not None else []
         everything = free + self.deferred.pages() + private + tree_pages

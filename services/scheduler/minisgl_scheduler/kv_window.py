@@ -7,7 +7,9 @@ rules here are pure arithmetic over positions, shared by the KV manager and the 
 
 * A query at position p reads keys p - window + 1 .. p. A request whose next entry starts at
   position `pos` never again reads a page that ends before pos - window + 1: every later query
-  sits at pos or after. `first_visible_page` is the first page it may still read.
+  sits at pos or after. `first_visible_page` is the first page it may still read. The KV manager
+  keeps from the page boundary at or below `pos` instead, so that the request's KV stays usable
+  as a cached prefix ending at that boundary (one page more, at most).
 * A cached prefix of h pages is usable for windowed layers only if the window pages of the last
   `window - 1` positions before h * page_size are all kept (the first computed query reads them):
   `usable_pages`.

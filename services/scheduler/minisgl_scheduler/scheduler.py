@@ -242,6 +242,9 @@ class Scheduler:
     def _grow(self, req: Request, num_tokens: int) -> bool:
         """Pages for `num_tokens` positions of a running request, preempting younger ones."""
         while not self.kv.grow(req, num_tokens):
+            if self.kv.windowed and sum(self.kv.shed(r, self._last_launched())
+                                        for r in self.running):
+                continue  # cached window pages no running query reads: free (after in-flight)
             if self.inflight:  # pages of finished requests may come back with these steps
                 self._drain()
                 if req.phase is not Phase.RUNNING:
@@ -283,6 +286,11 @@ class Scheduler:
             self.kv.attach(req, match)
             cached = len(req.pages) * self.page_size
             n = min(budget, req.target - cached)
+            if self.kv.windowed:  # a first chunk the window pool can hold
+                n = min(n, self.kv.win_available * ps)
+                if n <= 0:
+                    self.kv.detach(req)
+                    return
             need = pages_for(cached + n, self.page_size) - len(req.pages)
             if not self.kv.fits(need, reserve, reserve_win):
                 self.kv.detach(req)
