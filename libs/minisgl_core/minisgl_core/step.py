@@ -87,8 +87,6 @@ class ReqPlan:
     input_ids: list[int]
     page_offset: int = 0
     new_pages: list[int] = field(default_factory=list)
-    # Window pool only: aligned with new_pages (-1: no window page kept for that logical page).
-    new_window_pages: list[int] = field(default_factory=list)
     sample: bool = True  # False for a non-final prefill chunk
     # Set when the request (re)starts in this slot; the worker keeps it per slot until then.
     sampling: SamplingParams | None = None
@@ -100,6 +98,8 @@ class ReqPlan:
     num_prompt_tokens: int = 0
     # On (re)start, while the scheduler logs or traces requests: the client's x-request-id.
     request_id: str = ""
+    # Window pool only: aligned with new_pages (-1: no window page kept for that logical page).
+    new_window_pages: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

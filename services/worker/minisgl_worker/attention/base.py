@@ -150,6 +150,11 @@ class ForwardBatch:
     # Decode steps: the rows longest first (int32 [B] on the device), the order in which the
     # Triton decode kernel starts its programs, so that the longest do not start last.
     decode_order: torch.Tensor | None = None
+    # Window pool only (KVPool.window_layers): the sliding-window layers' flat KV slots [T]
+    # (int64) and page-table rows [B, P] (int32; the window dummy page where no window KV is
+    # kept, beyond every query's window). Those layers store and read through these instead.
+    window_out_loc: torch.Tensor | None = None
+    window_page_table: torch.Tensor | None = None
 
     def num_pages_host(self) -> list[int]:
         """Pages each request's KV spans after this step (FlashInfer: diff of paged_kv_indptr)."""
