@@ -28,6 +28,14 @@ the [num_qo_heads] fp32 tensor to `forward(..., sinks=)`). A backend states what
 `unsupported(spec)`; `create_backend` refuses an explicit backend that cannot serve a model's
 layers, naming the feature, and "auto" picks one that can.
 
+Window pool: when a window is shorter than the context, the sliding-window layers keep their KV
+in a second pool (`KVPool.window_layers`; their `k`/`v` tensors have the window pool's pages).
+For those layers a backend stores at `batch.window_out_loc` and reads through
+`batch.window_page_table` instead of `out_loc` / `page_table`, and only keys inside the window:
+the scheduler drops (and reuses) the window pages of positions no future query can see, so older
+entries of a window row are stale. Only the torch backend serves windows today; its `store_loc()`
+is None while a window pool exists (a caller storing K/V itself would use the wrong table).
+
 CUDA graphs (decode only, optional: `supports_cuda_graph`): the graph runner calls
 `init_cuda_graph(max_bs)` once, then for each captured batch size `prepare_for_capture(batch)`
 before capturing the model forward, and `prepare_for_replay(batch)` before each replay instead of
