@@ -8,6 +8,11 @@ wrong content changes the tokens, and `reference()` (no paging at all) no longer
 
 Reads of a step happen before its writes, as in a real batched forward: a request may not read KV
 that another request of the same step is writing.
+
+With `window_pages` > 0 it is a worker with a sliding-window pool: every token is also written
+through the slot's window-page row, and each entry checks that the window pages of the `window - 1`
+positions before its first input hold exactly those positions' KV (a window page dropped and
+reused too early, or a stale one, fails the step).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class FakeError(AssertionError):
 @dataclass
 class _Slot:
     row: list[int] = field(default_factory=list)
+    wrow: list[int] = field(default_factory=list)  # window-pool pages (-1: none)
     last: int | None = None  # token sampled by the latest sampling step (the decode future)
     params: SamplingParams | None = None
 
@@ -43,13 +49,17 @@ class _Slot:
 class FakeExecutor(StepExecutor):
     def __init__(self, num_pages: int = 64, page_size: int = 4, max_slots: int = 16,
                  max_model_len: int = 4096, vocab_size: int = 1000, eos_id: int = 2,
-                 eos_every: int = 0, paranoid: bool = True, fail_at_step: int | None = None) -> None:
+                 eos_every: int = 0, paranoid: bool = True, fail_at_step: int | None = None,
+                 window_pages: int = 0, window: int = 0) -> None:
         self._info = WorkerInfo(
             model_name="fake", num_pages=num_pages, page_size=page_size,
             max_model_len=max_model_len, max_slots=max_slots, vocab_size=vocab_size,
             eos_token_ids=[eos_id],
             device="fake",  # not a CPU worker: the scheduler's CPU defaults (step pacing) stay off
+            window_pages=window_pages, window=window if window_pages else 0,
         )
+        self.wkv: list[tuple[int, int, int] | None] = [None] * (window_pages * page_size)
+        self.window_reads = 0  # cached window positions checked
         self.eos_every = eos_every  # ~1 in eos_every samples is EOS (0: never)
         self.paranoid = paranoid  # re-verify each request's whole chain every step
         self.fail_at_step = fail_at_step  # this step and every later one fail
@@ -98,6 +108,22 @@ class FakeExecutor(StepExecutor):
             raise FakeError(f"page {page} out of range")
         return page * ps + pos % ps
 
+    def _wloc(self, wrow: list[int], pos: int) -> int:
+        ps = self._info.page_size
+        page = wrow[pos // ps] if pos // ps < len(wrow) else -1
+        if not 0 <= page < self._info.window_pages:
+            raise FakeError(f"position {pos} has no window page ({page})")
+        return page * ps + pos % ps
+
+    def _check_window(self, slot: _Slot, cache_len: int) -> None:
+        """The first query at cache_len reads positions cache_len - window + 1 .. cache_len - 1
+        of the window pool: each must hold that position's KV, as the full pool does."""
+        for pos in range(max(0, cache_len - self._info.window + 1), cache_len):
+            got = self.wkv[self._wloc(slot.wrow, pos)]
+            if got is None or got != self.kv[self._loc(slot.row, pos)]:
+                raise FakeError(f"window KV at position {pos} is stale or from another position")
+            self.window_reads += 1
+
     def _chain(self, row: list[int], length: int) -> int:
         """h_{length-1} as stored; verifies positions (and the whole chain when paranoid)."""
         if length == 0:
@@ -132,6 +158,14 @@ class FakeExecutor(StepExecutor):
             if entry.page_offset > len(slot.row):
                 raise FakeError("page_offset leaves a hole in the page table")
             slot.row[entry.page_offset : entry.page_offset + len(entry.new_pages)] = entry.new_pages
+            if self._info.window_pages:
+                if len(entry.new_window_pages) != len(entry.new_pages):
+                    raise FakeError("window pages not aligned with new_pages")
+                slot.wrow[entry.page_offset:entry.page_offset + len(entry.new_pages)] = \
+                    entry.new_window_pages
+                self._check_window(slot, entry.cache_len)
+            elif entry.new_window_pages:
+                raise FakeError("window pages sent to a worker without a window pool")
             if entry.input_ids:
                 inputs = list(entry.input_ids)
             elif slot.last is None:
@@ -151,6 +185,12 @@ class FakeExecutor(StepExecutor):
                 writes.add(loc)
                 h = mix(h, token)
                 self.kv[loc] = (pos, h, token)
+                if self._info.window_pages:
+                    wloc = self._wloc(slot.wrow, pos)
+                    if -1 - wloc in writes:
+                        raise FakeError(f"two requests write window location {wloc} in one step")
+                    writes.add(-1 - wloc)
+                    self.wkv[wloc] = (pos, h, token)
             if not entry.sample:
                 slot.last = None
                 continue
@@ -173,7 +213,8 @@ def entries(plan: StepPlan) -> list[ReqPlan]:
     for i, rid in enumerate(d.rids):
         n = d.new_page_counts[i]
         rows.append(ReqPlan(rid, d.slots[i], d.cache_lens[i], [], d.page_offsets[i],
-                            d.new_pages[at:at + n]))
+                            d.new_pages[at:at + n],
+                            new_window_pages=d.new_window_pages[at:at + n]))
         at += n
     for r in plan.reqs:
         if not r.input_ids:

@@ -63,6 +63,9 @@ def assert_all_pages_back(sched: Scheduler) -> None:
     sched.check_invariants()
     sched.kv.drop_cache()
     assert sched.kv.free_pages == st.total_pages
+    if sched.kv.windowed:  # nothing in flight: every window page is back too
+        sched.kv.collected(sched._next_step)
+        assert sched.kv.win_available == sched.kv.window_pages
 
 
 

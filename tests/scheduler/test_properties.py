@@ -54,11 +54,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         budget=st.sampled_from([3, 16, 64]),
         eos_every=st.sampled_from([0, 5]),
         reserve=st.sampled_from([0.0, 0.5]),
+        window=st.sampled_from([0, 0, 1, 3, 8]),
+        data=st.data(),
     )
     def setup(self, overlap: bool, cache: str, policy: str, page_size: int, num_pages: int,
-              budget: int, eos_every: int, reserve: float) -> None:
+              budget: int, eos_every: int, reserve: float, window: int,
+              data: st.DataObject) -> None:
+        # A sliding-window pool from the fewest pages one request needs to make progress (its
+        # window and the page it writes) up to the full pool's size.
+        least = -(-window // page_size) + 1
+        window_pages = data.draw(st.integers(least, max(least, num_pages))) if window else 0
         self.fake = FakeExecutor(num_pages=num_pages, page_size=page_size, max_slots=6,
-                                 max_model_len=48 * page_size, eos_every=eos_every)
+                                 max_model_len=48 * page_size, eos_every=eos_every,
+                                 window_pages=window_pages, window=window)
         self.sched = Scheduler(self.fake, SchedulerConfig(
             disable_overlap=not overlap, cache=cache, policy=policy,  # type: ignore[arg-type]
             max_prefill_tokens=budget, max_running_requests=5, max_queued_requests=8,
@@ -104,7 +112,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     def evict(self, n: int) -> None:
         kv = self.sched.kv
         if kv.cache is not None:
-            kv.allocator.free(kv.cache.evict(n))
+            dropped: list[int] = []
+            kv.allocator.free(kv.cache.evict(n, dropped))
+            if kv.windowed:
+                kv._free_win(dropped + kv.cache.evict_window(n))
 
     @rule(dice=st.integers(0, 7))
     def worker_fails_next_step(self, dice: int) -> None:
@@ -126,6 +137,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         event(f"preempted: {st_.preemptions > 0}")
         event(f"prefix hits: {st_.prefix_hit_tokens > 0}")
         event(f"worker failed: {self.failures}")
+        event(f"window reads: {self.fake.window_reads > 0}")
         event(f"requests: {min(len(self.prompts), 10) // 5 * 5}+")
         for rid, (prompt, params) in self.prompts.items():
             out = self.rec.out[rid]

@@ -60,8 +60,10 @@ def test_sliding_window_matches_hf_over_chunks_and_decode(tmp_path: Path) -> Non
     pages = list(range(-(-len(SEQ) // 4)))
     chunks = [(0, 5), (5, 12)] + [(i, i + 1) for i in range(12, len(SEQ))]
     for step, (lo, hi) in enumerate(chunks):
+        # window 6 < max_model_len: the window pool, whose pages come with the main ones
         req = ReqPlan(rid=0, slot=0, cache_len=lo, input_ids=SEQ[lo:hi],
-                      new_pages=pages if step == 0 else [], sample=False)
+                      new_pages=pages if step == 0 else [],
+                      new_window_pages=pages if step == 0 else [], sample=False)
         ours = engine.forward_logits(StepPlan(step, [req]))
         torch.testing.assert_close(ours, ref[lo:hi], atol=2e-4, rtol=1e-4)
     engine.close()

@@ -150,3 +150,43 @@ def test_warm_up_fits_a_small_cache(runner: ModelRunner,
         sizes.append(int(step.input_ids.shape[0])), forward(step, use_graph))[1])
     runner.warm_up_prefill((1000,))
     assert sizes == [256]
+
+
+def test_window_pool_sizing(mc: ModelConfig) -> None:
+    """Sliding-window layers get their own pool: sized for every slot's window and a prefill
+    chunk (twice, half for cached windows), the rest of the budget to the full-attention layers;
+    a model without windows (or windows as long as the context) has none."""
+    from dataclasses import replace
+
+    assert startup.window_layout(mc, 256) == startup.WindowLayout()
+    layers = mc.num_layers
+    types = ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (
+        layers % 2)
+    mixed = replace(mc, sliding_window=32, layer_types=types)
+    layout = startup.window_layout(mixed, 256)
+    assert layout.window == 32 and layout.layers == frozenset(range(0, layers, 2))
+    assert startup.window_layout(mixed, 32) == startup.WindowLayout()  # window >= context
+    config = _config(mem_fraction=0.5, max_slots=4, max_prefill_tokens=64)
+    want = startup.window_pages_wanted(config, layout, 16)
+    assert want == 2 * (4 * (2 + 3) + 2 * 4)
+    kw = dict(kv_heads=mc.num_kv_heads, page_size=16, kv_dtype=torch.bfloat16, device=CPU,
+              layout=layout, max_model_len=256)
+    pages, win = startup.size_kv_pools(config, mixed, memory=(3 * GiB, 4 * GiB), **kw)
+    full_b = KVPool.bytes_per_page(layers - len(layout.layers), 16, mc.num_kv_heads,
+                                   mc.head_dim, torch.bfloat16)
+    win_b = KVPool.bytes_per_page(len(layout.layers), 16, mc.num_kv_heads, mc.head_dim,
+                                  torch.bfloat16)
+    assert win == want and pages == (GiB - want * win_b) // full_b
+    small = (GiB // 2 + want * (full_b + win_b) // 2, GiB)  # a budget for fewer than `want`
+    pages, win = startup.size_kv_pools(config, mixed, memory=small, **kw)
+    assert pages == win < want
+    # no windows: the main pool alone, as size_kv_cache sizes it
+    plain = startup.size_kv_pools(config, mc, memory=(3 * GiB, 4 * GiB),
+                                  **{**kw, "layout": startup.WindowLayout()})
+    assert plain == (startup.size_kv_cache(config, mc, mc.num_kv_heads, 16, torch.bfloat16,
+                                           CPU, memory=(3 * GiB, 4 * GiB)), 0)
+    # CPU / explicit counts: the window pool is `want`, at most the main pool
+    assert startup.size_kv_pools(_config(num_pages=7, max_slots=4), mixed, **kw) == (7, 7)
+    pool = startup.make_kv_pool(config, mixed, mc.num_kv_heads, 64, 16, 256, torch.float32, CPU,
+                                layout, 10)
+    assert pool.k[0].shape[0] == 11 and pool.k[1].shape[0] == 65 and pool.windowed(0)

@@ -20,7 +20,7 @@ from minisgl_core.convert import plan_from_proto, plan_to_proto
 from minisgl_core.proto.minisgl.v1 import worker_pb2
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.step import DecodeEntries, ReqPlan, StepPlan
-from minisgl_worker.engine.batch import DeviceStep, PlanBuilder
+from minisgl_worker.engine.batch import DeviceStep, InvalidPlan, PlanBuilder
 
 RECORDED = Path(__file__).parent / "data" / "plan_builder_rows.json"
 
@@ -121,3 +121,49 @@ def test_plan_builder_over_columns_matches_the_recorded_rows(through_wire: bool)
         for key, value in got.items():
             assert value == want[key], (i, key)
     assert decodes > 100  # the record does exercise the decode columns
+
+
+def test_window_pages_cross_the_wire_aligned_with_pages() -> None:
+    """A worker with a window pool gets each new page's window-pool page (-1: none kept);
+    without one, plans carry none and the message is byte for byte what it was."""
+    plan = StepPlan(5, [ReqPlan(4, 1, 0, [1, 2, 3, 4, 5], 0, [7, 8], sampling=SamplingParams(),
+                                new_window_pages=[-1, 3])])
+    plan.decodes.add(1, 0, 12, 3, [9], [2])
+    plan.decodes.add(2, 2, 6)
+    msg = plan_to_proto(plan)
+    assert list(msg.decodes.new_window_pages) == [2]
+    assert list(msg.requests[0].new_window_pages) == [-1, 3]
+    assert _wire(plan) == plan
+    bare = StepPlan(5, [ReqPlan(4, 1, 0, [1, 2], 0, [7], sampling=SamplingParams())])
+    bare.decodes.add(1, 0, 12, 3, [9])
+    m = plan_to_proto(bare)
+    sent = {f.name for f, _ in m.decodes.ListFields()} | {
+        f.name for f, _ in m.requests[0].ListFields()}
+    assert "new_window_pages" not in sent and _wire(bare) == bare
+    bad = StepPlan(6)
+    bad.decodes.add(1, 0, 12, 3, [9, 10], [2])  # one window page for two pages
+    assert not bad.decodes.consistent()
+
+
+def test_plan_builder_window_table() -> None:
+    cpu = torch.device("cpu")
+    b = PlanBuilder(2, 8, 16, 4, 32, 100, cpu, window_pages=6)
+    ok = StepPlan(1, [ReqPlan(0, 1, 0, list(range(10)), 0, [3, 4, 5], sampling=SamplingParams(),
+                              new_window_pages=[-1, 0, 5])])
+    b.validate(ok)
+    step, _ = b.build(ok)
+    batch = step.batch
+    assert batch.window_page_table is not None and batch.window_out_loc is not None
+    assert batch.window_page_table.tolist() == [[6, 0, 5]]  # -1 is the window dummy page
+    assert batch.window_out_loc.tolist()[4:6] == [0, 1]  # position 4: window page 0
+    assert batch.window_out_loc.tolist()[:4] == [24, 25, 26, 27]  # the dummy page
+    for wrong in ([0, 1], [0, 1, 6], [0, -2, 1]):  # misaligned, out of range
+        bad = StepPlan(2, [ReqPlan(0, 0, 0, [1], 0, [3, 4, 5], sampling=SamplingParams(),
+                                   new_window_pages=wrong)])
+        with pytest.raises(InvalidPlan, match="new_window_pages"):
+            b.validate(bad)
+    plain = PlanBuilder(2, 8, 16, 4, 32, 100, cpu)
+    with pytest.raises(InvalidPlan, match="without a window pool"):
+        plain.validate(ok)
+    step, _ = plain.build(StepPlan(3, [ReqPlan(0, 0, 0, [1], 0, [3], sampling=SamplingParams())]))
+    assert step.batch.window_page_table is None and step.batch.window_out_loc is None

@@ -394,3 +394,35 @@ def test_engine_triton_serves_the_new_attention_kinds_like_hf(tiny_model, arch: 
         ours = engine.forward_logits(StepPlan(step, [req]))
         torch.testing.assert_close(ours, ref[lo:hi], atol=2e-4, rtol=1e-4)
     engine.close()
+
+
+def test_window_pool_on_triton_with_graph_runner_matches_hf(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The sliding-window KV pool (12 window pages for 200-token sequences, window 8) on the
+    Triton kernels: windowed layers store and read through the window table, eagerly and
+    through the CUDA-graph runner's padded static buffers; greedy tokens equal HF's."""
+    from minisgl_scheduler import Scheduler, SchedulerConfig
+    from minisgl_worker.engine import Engine, EngineConfig, startup
+    from minisgl_worker.engine.cuda_graph import CudaGraphRunner
+
+    from .test_window_pool import PS, WINDOW_PAGES, _hf_greedy, _model, _run
+    from .tiny_models import VOCAB
+
+    hf = _model(tmp_path)
+    monkeypatch.setattr(startup, "window_pages_wanted", lambda *a: WINDOW_PAGES)
+    engine = Engine(EngineConfig(model_path=str(tmp_path), dtype="float32", page_size=PS,
+                                 num_pages=128, max_slots=3, max_prefill_tokens=16,
+                                 attention_backend="triton"))
+    assert engine.pool.window_layers and engine.backend.store_loc() is None
+    runner = CudaGraphRunner(engine.model, engine.backend, engine.pool, max_bs=4, eager=True)
+    engine.graph_runner = runner
+    sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=16, max_step_ms=0.0))
+    try:
+        prompts = {1: [(5 * i + 1) % VOCAB for i in range(37)],
+                   2: [(11 * i + 7) % VOCAB for i in range(21)],
+                   3: [(3 * i + 5) % VOCAB for i in range(9)]}
+        out = _run(sched, prompts, 60)
+        for rid, prompt in prompts.items():
+            assert out[rid][0] == _hf_greedy(hf, prompt, 60), rid
+        assert runner.replays > 0
+    finally:
+        sched.close()

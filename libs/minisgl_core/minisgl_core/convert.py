@@ -88,12 +88,14 @@ def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
         m.page_offsets.extend(d.page_offsets)
         m.new_page_counts.extend(d.new_page_counts)
         m.new_pages.extend(d.new_pages)
+        if d.new_window_pages:
+            m.new_window_pages.extend(d.new_window_pages)
     for r in plan.reqs:
         rp = msg.requests.add(
             rid=r.rid, slot=r.slot, cache_len=r.cache_len, input_ids=r.input_ids,
             page_offset=r.page_offset, new_pages=r.new_pages, sample=r.sample,
-            history_ids=r.history_ids, num_prompt_tokens=r.num_prompt_tokens,
-            request_id=r.request_id,
+            new_window_pages=r.new_window_pages, history_ids=r.history_ids,
+            num_prompt_tokens=r.num_prompt_tokens, request_id=r.request_id,
         )
         if r.sampling is not None:
             rp.sampling.CopyFrom(sampling_to_proto(r.sampling))
@@ -118,6 +120,7 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
         ReqPlan(
             rid=m.rid, slot=m.slot, cache_len=m.cache_len, input_ids=list(m.input_ids),
             page_offset=m.page_offset, new_pages=list(m.new_pages), sample=m.sample,
+            new_window_pages=list(m.new_window_pages),
             sampling=worker_sampling_from_proto(m.sampling) if m.HasField("sampling") else None,
             history_ids=list(m.history_ids), num_prompt_tokens=m.num_prompt_tokens,
             request_id=m.request_id,
@@ -129,7 +132,7 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
         d = msg.decodes
         plan.decodes = decodes = DecodeEntries(
             list(d.rids), list(d.slots), list(d.cache_lens), list(d.page_offsets),
-            list(d.new_page_counts), list(d.new_pages))
+            list(d.new_page_counts), list(d.new_pages), list(d.new_window_pages))
         if not decodes.consistent():
             raise InvalidParams("StepRequest.decodes: columns of different lengths, or "
                                 "new_page_counts that do not add up to new_pages")
@@ -167,7 +170,8 @@ def info_from_proto(m: worker_pb2.GetWorkerInfoResponse) -> WorkerInfo:
         max_model_len=m.max_model_len, max_slots=m.max_slots, vocab_size=m.vocab_size,
         eos_token_ids=list(m.eos_token_ids), tp_size=m.tp_size or 1, device=m.device,
         attention_backend=m.attention_backend, kv_cache_dtype=m.kv_cache_dtype, epoch=m.epoch,
-        two_shot_max_tokens=m.two_shot_max_tokens,
+        two_shot_max_tokens=m.two_shot_max_tokens, window_pages=m.window_pages,
+        window=m.window,
     )
 
 
@@ -177,5 +181,6 @@ def info_to_proto(i: WorkerInfo) -> worker_pb2.GetWorkerInfoResponse:
         max_model_len=i.max_model_len, max_slots=i.max_slots, vocab_size=i.vocab_size,
         eos_token_ids=i.eos_token_ids, tp_size=i.tp_size, device=i.device,
         attention_backend=i.attention_backend, kv_cache_dtype=i.kv_cache_dtype, epoch=i.epoch,
-        two_shot_max_tokens=i.two_shot_max_tokens,
+        two_shot_max_tokens=i.two_shot_max_tokens, window_pages=i.window_pages,
+        window=i.window,
     )

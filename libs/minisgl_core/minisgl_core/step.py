@@ -9,6 +9,10 @@ The scheduler owns pages and slots; the worker owns the tensors they index:
   stay as they were. A request (re)starting in a slot sends its full page list with offset 0.
 * Positions of the inputs are `cache_len, cache_len + 1, ...`; the KV of the first `cache_len`
   tokens is already in the slot's pages (prefix-cache hit or earlier chunks).
+* A worker with a window pool (`WorkerInfo.window_pages` > 0: sliding-window layers keep their KV
+  in a second, smaller pool) gets `new_window_pages` aligned with `new_pages`: entry i is the
+  window-pool page of the same logical page, or -1 where none is kept (outside every window, so
+  never read). Without a window pool the lists are empty and the messages are as before.
 
 A step has two kinds of entries, in two layouts (as vLLM v1's `SchedulerOutput` splits new from
 cached requests), because they differ in volume and in what they carry:
@@ -44,12 +48,15 @@ class DecodeEntries:
     page_offsets: list[int] = field(default_factory=list)
     new_page_counts: list[int] = field(default_factory=list)
     new_pages: list[int] = field(default_factory=list)
+    # Window pool (WorkerInfo.window_pages > 0): aligned with new_pages; else empty.
+    new_window_pages: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.rids)
 
     def add(self, rid: int, slot: int, cache_len: int, page_offset: int = 0,
-            new_pages: list[int] | None = None) -> None:
+            new_pages: list[int] | None = None,
+            new_window_pages: list[int] | None = None) -> None:
         """One entry (tests and small callers; the scheduler appends to the columns itself)."""
         self.rids.append(rid)
         self.slots.append(slot)
@@ -58,13 +65,16 @@ class DecodeEntries:
         self.new_page_counts.append(len(new_pages) if new_pages else 0)
         if new_pages:
             self.new_pages.extend(new_pages)
+        if new_window_pages:
+            self.new_window_pages.extend(new_window_pages)
 
     def consistent(self) -> bool:
         """Columns of one length, and page counts >= 0 that add up to the flat page list."""
         counts = self.new_page_counts
         return (len(self.slots) == len(self.cache_lens) == len(self.page_offsets) == len(counts)
                 == len(self.rids) and sum(counts) == len(self.new_pages)
-                and min(counts, default=0) >= 0)
+                and min(counts, default=0) >= 0
+                and len(self.new_window_pages) in (0, len(self.new_pages)))
 
 
 @dataclass(slots=True)
@@ -88,6 +98,8 @@ class ReqPlan:
     num_prompt_tokens: int = 0
     # On (re)start, while the scheduler logs or traces requests: the client's x-request-id.
     request_id: str = ""
+    # Window pool only: aligned with new_pages (-1: no window page kept for that logical page).
+    new_window_pages: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -145,6 +157,12 @@ class WorkerInfo:
     # TP: the largest step (tokens) whose all-reduces stay on the fused two-shot kernel; longer
     # ones take NCCL. 0: none, or unknown (one GPU, an older worker).
     two_shot_max_tokens: int = 0
+    # Sliding-window layers keep their KV in a second pool of this many pages (same page size),
+    # indexed through a second page table (0: no window pool, every layer in the main pool).
+    window_pages: int = 0
+    # The largest sliding window (tokens) of those layers: KV of a position more than
+    # window - 1 before every future query of a request is dropped from the window pool.
+    window: int = 0
 
 
 class StepExecutor:

@@ -4,14 +4,22 @@ A running request's `pages` is its page-table row. The first `shared_pages` entr
 radix tree (kept alive by a lock on `req.node`); the rest are the request's own. Releasing a request
 offers its written KV to the cache (whole pages only), frees what the cache did not take, and
 drops the lock. With `cache="naive"` there is no tree and every page is private.
+
+Window pool (`window_pages` > 0: the worker keeps its sliding-window layers' KV in a second pool):
+`req.win` is a second row aligned with `req.pages`, one window page per logical page, -1 once
+dropped. Both rows grow together; `trim` drops the window pages no future query of the request can
+see (through `DeferredFree`, since launched steps may still read them); the radix tree keeps
+window pages next to full ones and a prefix hit is cut to what windowed layers can use
+(docs/architecture.md, "Sliding-window layers").
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from minisgl_scheduler.kv_window import DeferredFree, first_visible_page, usable_pages
 from minisgl_scheduler.pages import PageAllocator
-from minisgl_scheduler.radix import READY, MatchResult, RadixCache
+from minisgl_scheduler.radix import READY, MatchResult, Node, RadixCache
 from minisgl_scheduler.request import Request
 
 
@@ -20,11 +28,20 @@ def pages_for(num_tokens: int, page_size: int) -> int:
 
 
 class KVManager:
-    def __init__(self, num_pages: int, page_size: int, use_cache: bool) -> None:
+    def __init__(self, num_pages: int, page_size: int, use_cache: bool, window_pages: int = 0,
+                 window: int = 0) -> None:
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
-        self.cache = RadixCache(page_size) if use_cache else None
         self.num_pages = num_pages
+        self.win_alloc = PageAllocator(window_pages) if window_pages else None
+        self.window = window if window_pages else 0
+        self.window_pages = window_pages
+        self.deferred = DeferredFree()  # dropped window pages that launched steps may still read
+        self.cache = RadixCache(page_size, windowed=self.windowed) if use_cache else None
+
+    @property
+    def windowed(self) -> bool:
+        return self.win_alloc is not None
 
     # -- capacity ------------------------------------------------------------------------------
 
@@ -38,35 +55,139 @@ class KVManager:
         return self.cache.evictable_pages if self.cache else 0
 
     @property
+    def win_available(self) -> int:
+        """Window pages free or held only by the cache (evictable); 0 without a window pool."""
+        if self.win_alloc is None:
+            return 0
+        return self.win_alloc.num_free + (self.cache.evictable_win if self.cache else 0)
+
+    @property
     def available(self) -> int:
-        return self.free_pages + self.cached_pages
+        """Logical pages a request can still get: each takes a full page and, with a window
+        pool, a window page."""
+        full = self.free_pages + self.cached_pages
+        return full if self.win_alloc is None else min(full, self.win_available)
+
+    def fits(self, need: int, reserve: int, reserve_win: int) -> bool:
+        """`need` new logical pages with `reserve` full (`reserve_win` window) pages kept back."""
+        if need + reserve > self.free_pages + self.cached_pages:
+            return False
+        return self.win_alloc is None or need + reserve_win <= self.win_available
 
     def alloc(self, n: int) -> list[int] | None:
-        """n pages, evicting cached prefixes (LRU) when the free list is short; None if impossible."""
+        """n pages, evicting cached prefixes (LRU) when the free list is short; None if impossible.
+        (No window pool only: `grow` takes both kinds.)"""
+        assert self.win_alloc is None, "with a window pool, pages come through grow()"
+        got = self._alloc(n)
+        return got[0] if got is not None else None
+
+    def _alloc(self, n: int) -> tuple[list[int], list[int]] | None:
         if n > self.available:
             return None
         short = n - self.allocator.num_free
+        dropped: list[int] = []
         if short > 0 and self.cache is not None:
-            self.allocator.free(self.cache.evict(short))
-        return self.allocator.allocate(n)
+            self.allocator.free(self.cache.evict(short, dropped))
+        if self.win_alloc is None:
+            return self.allocator.allocate(n), []
+        self.win_alloc.free(dropped)
+        short = n - self.win_alloc.num_free
+        if short > 0 and self.cache is not None:
+            self.win_alloc.free(self.cache.evict_window(short))
+        return self.allocator.allocate(n), self.win_alloc.allocate(n)
 
     def grow(self, req: Request, num_tokens: int) -> bool:
         """Make `req.pages` cover `num_tokens` positions; False (and nothing changed) if no room."""
         need = pages_for(num_tokens, self.page_size) - len(req.pages)
         if need <= 0:
             return True
-        got = self.alloc(need)
+        got = self._alloc(need)
         if got is None:
             return False
-        req.pages.extend(got)
+        req.pages.extend(got[0])
+        req.win.extend(got[1])
         return True
+
+    # -- sliding windows -----------------------------------------------------------------------
+
+    def trim(self, req: Request, pos: int, until_step: int | None) -> None:
+        """Drop the window pages that no query at position >= `pos` can read: the request's own
+        ones, and tree pages it inserted itself while no other request holds them (a hit's
+        pages stay cached). Launched steps up to `until_step` may still read them: they are
+        reused only after it is collected (None: nothing in flight, free now)."""
+        # Kept from the page boundary at or below `pos`: the request's KV stays usable as a
+        # cached prefix that ends there (the next turn of a conversation), one page more at most.
+        ps = self.page_size
+        lo = min(first_visible_page(pos // ps * ps, self.window, ps), len(req.win))
+        if lo <= req.win_lo:
+            return
+        out: list[int] = []
+        win = req.win
+        shared = min(lo, req.shared_pages)
+        if req.hit_pages < shared and self.cache is not None and req.node is not None:
+            at = 0
+            for node in self.cache.path(req.node):
+                end = at + len(node.pages)
+                if node.ref == 1:  # locked by this request alone: nobody else reads it
+                    for i in range(max(at, req.win_lo, req.hit_pages), min(end, shared)):
+                        if win[i] >= 0:
+                            out.append(win[i])
+                            win[i] = node.win[i - at] = -1
+                at = end
+        for i in range(max(req.win_lo, req.shared_pages), lo):
+            if win[i] >= 0:
+                out.append(win[i])
+                win[i] = -1
+        req.win_lo = lo
+        if until_step is None:
+            self._free_win(out)
+        else:
+            self.deferred.put(out, until_step)
+
+    def shed(self, req: Request, until_step: int | None) -> int:
+        """Under memory pressure: drop the window pages of `req`'s cached prefix that its
+        queries no longer read, from nodes no other request holds (`trim` leaves a hit's pages
+        to the cache). Returns how many."""
+        if self.cache is None or req.node is None:
+            return 0
+        out: list[int] = []
+        at = 0
+        for node in self.cache.path(req.node):
+            if at >= req.win_lo:
+                break
+            if node.ref == 1:
+                for j in range(min(len(node.pages), req.win_lo - at)):
+                    if node.win[j] >= 0:
+                        out.append(node.win[j])
+                        node.win[j] = req.win[at + j] = -1
+            at += len(node.pages)
+        if until_step is None:
+            self._free_win(out)
+        else:
+            self.deferred.put(out, until_step)
+        return len(out)
+
+    def collected(self, step_id: int) -> None:
+        """Step `step_id` was collected (or failed): window pages it could read are free."""
+        if self.deferred:
+            self._free_win(self.deferred.take(step_id))
+
+    def _free_win(self, pages: list[int]) -> None:
+        if pages:
+            assert self.win_alloc is not None
+            self.win_alloc.free(pages)
 
     # -- prefix cache --------------------------------------------------------------------------
 
     def match(self, tokens: list[int], ready_before: int, salt: int = 0) -> MatchResult | None:
+        """The cached prefix a request can start from; with a window pool, cut to the longest
+        one whose windowed-layer KV is kept for the first query after it."""
         if self.cache is None:
             return None
-        return self.cache.match(tokens, ready_before, salt)
+        found = self.cache.match(tokens, ready_before, salt)
+        if self.win_alloc is not None and found.win is not None:
+            found = self.cache.cut(found, usable_pages(found.win, self.page_size, self.window))
+        return found
 
     def attach(self, req: Request, match: MatchResult | None) -> None:
         """Give `req` the matched prefix pages (locked while it runs)."""
@@ -76,13 +197,18 @@ class KVManager:
         self.cache.lock(match.node)
         req.node = match.node
         req.pages = list(match.pages)
-        req.shared_pages = len(match.pages)
+        req.shared_pages = req.hit_pages = len(match.pages)
+        if self.win_alloc is not None and match.win is not None:
+            req.win = list(match.win)
+            req.win_lo = first_visible_page(len(req.pages) * self.page_size, self.window,
+                                            self.page_size)
 
     def detach(self, req: Request) -> None:
         """Undo `attach` for a request that was not admitted after all."""
         if req.node is not None and self.cache is not None:
             self.cache.unlock(req.node)
         req.node, req.pages, req.shared_pages = None, [], 0
+        req.win, req.win_lo, req.hit_pages = [], 0, 0
 
     def cache_prefix(self, req: Request, num_tokens: int, step_id: int) -> None:
         """Share the first `num_tokens` of a running request (written by step `step_id`).
@@ -97,7 +223,8 @@ class KVManager:
         tokens = req.tokens[: n * self.page_size]
         if cache.match(tokens, salt=req.salt).num_pages != req.shared_pages:
             return
-        node, have = cache.insert(tokens, req.pages[:n], ready_step=step_id, salt=req.salt)
+        node, have = cache.insert(tokens, req.pages[:n], ready_step=step_id, salt=req.salt,
+                                  win=req.win[:n] if self.windowed else None)
         assert have == req.shared_pages
         cache.lock(node)
         if req.node is not None:
@@ -106,24 +233,57 @@ class KVManager:
 
     def release(self, req: Request, offer: bool) -> None:
         """Return every page `req` holds: to the cache (whole written pages) or the free list."""
-        ps, cache = self.page_size, self.cache
-        to_free = req.pages[req.shared_pages :]
+        ps, cache, shared = self.page_size, self.cache, req.shared_pages
+        to_free = req.pages[shared:]
+        win_free = [p for p in req.win[shared:] if p >= 0]
         if cache is not None and offer:
             n = min(req.computed, len(req.tokens)) // ps
-            if n > req.shared_pages:
-                _, have = cache.insert(req.tokens[: n * ps], req.pages[:n], READY, req.salt)
-                assert have >= req.shared_pages
+            if n > shared:
+                win = req.win[:n] if self.windowed else None
+                node, have = cache.insert(req.tokens[: n * ps], req.pages[:n], READY, req.salt,
+                                          win)
+                assert have >= shared
                 # [shared, have): the tree got the same prefix from someone else; ours are spare.
-                to_free = req.pages[req.shared_pages : have] + req.pages[n:]
+                to_free = req.pages[shared:have] + req.pages[n:]
+                if self.windowed:
+                    spare = self._fill_tombstones(node, shared, have, req.win)
+                    win_free = spare + [p for p in req.win[n:] if p >= 0]
         if req.node is not None and cache is not None:
             cache.unlock(req.node)
         self.allocator.free(to_free)
+        self._free_win(win_free)
         req.node, req.pages, req.shared_pages, req.sent_pages = None, [], 0, 0
+        req.win, req.win_lo, req.hit_pages = [], 0, 0
+
+    def _fill_tombstones(self, node: Node, start: int, end: int, win: list[int]) -> list[int]:
+        """Our window pages of logical pages [start, end), which the tree holds already: each
+        fills a tombstone of the tree (the same tokens' KV) or is spare; returns the spare."""
+        assert self.cache is not None
+        spare, at = [], 0
+        for x in self.cache.path(node):
+            for j in range(max(start - at, 0), min(end - at, len(x.pages))):
+                p = win[at + j]
+                if p < 0:
+                    continue
+                if x.win[j] < 0:
+                    x.win[j] = p
+                    if x.ref == 0:
+                        self.cache.evictable_win += 1
+                else:
+                    spare.append(p)
+            at += len(x.pages)
+        return spare
 
     def drop_cache(self) -> None:
         """Forget every unreferenced cached prefix (after a worker failure made KV suspect)."""
         if self.cache is not None:
-            self.allocator.free(self.cache.evict_all())
+            dropped: list[int] = []
+            self.allocator.free(self.cache.evict_all(dropped))
+            self._free_win(dropped)
+
+    def drain_deferred(self) -> None:
+        """Nothing is in flight any more: every deferred window page is free."""
+        self._free_win(self.deferred.take_all())
 
     # -- invariants ----------------------------------------------------------------------------
 
@@ -154,6 +314,42 @@ class KVManager:
             f"!= pool {self.num_pages}"
         )
         assert len(set(everything)) == self.num_pages, "a page is in two places"
+        if self.win_alloc is not None:
+            self._check_window(holders)
+
+    def _check_window(self, holders: list[Request]) -> None:
+        """Every window page in exactly one place (free, deferred, a request's own, the tree);
+        each request keeps every window page a future query of its can read."""
+        assert self.win_alloc is not None
+        n = self.window_pages
+        free = [p for p in range(n) if self.win_alloc.is_free(p)]
+        assert len(free) == self.win_alloc.num_free, "window free list and free map disagree"
+        private: list[int] = []
+        for r in holders:
+            assert len(r.win) == len(r.pages), "window row misaligned with the page row"
+            tree = self._path_win(r) if r.node is not None else []
+            for i, p in enumerate(r.win):
+                if i >= r.win_lo:
+                    assert p >= 0, "a window page a future query reads was dropped"
+                if i < r.shared_pages:  # the tree's: a copy, or -1 once dropped (below win_lo)
+                    ok = p in (-1, tree[i]) if i < r.win_lo else p == tree[i]
+                    assert ok, "shared window page differs from the tree"
+                elif p >= 0:
+                    assert i >= r.win_lo, "a dropped window page is still held"
+                    private.append(p)
+            ps = self.page_size
+            lo = first_visible_page(r.computed // ps * ps, self.window, ps)
+            assert r.win_lo <= lo, "window pages dropped that the next query reads"
+        tree_pages = self.cache.all_win_pages() if self.cache is not None else []
+        everything = free + self.deferred.pages() + private + tree_pages
+        assert len(everything) == n, (
+            f"window pool: free {len(free)} + deferred {len(self.deferred)} + private "
+            f"{len(private)} + cached {len(tree_pages)} != {n}")
+        assert len(set(everything)) == n, "a window page is in two places"
+
+    def _path_win(self, req: Request) -> list[int]:
+        assert self.cache is not None and req.node is not None
+        return [p for node in self.cache.path(req.node) for p in node.win]
 
     def _path_pages(self, req: Request) -> list[int]:
         assert self.cache is not None

@@ -40,6 +40,8 @@ class LaunchedStep:
         d.new_page_counts.append(len(pages) - sent)
         if sent < len(pages):
             d.new_pages.extend(pages[sent:])
+            if req.win:  # a window pool: the same logical pages' window pages
+                d.new_window_pages.extend(req.win[sent:])
         self.decode_reqs.append(req)
         req.sent_pages = len(pages)
         req.computed += 1
@@ -55,6 +57,8 @@ class LaunchedStep:
             rid=req.rid, slot=req.slot, cache_len=begin, input_ids=req.tokens[begin:begin + n],
             page_offset=0 if start else req.sent_pages,
             new_pages=list(req.pages) if start else req.pages[req.sent_pages:],
+            new_window_pages=(list(req.win) if start else req.win[req.sent_pages:]) if req.win
+            else [],
             sample=sample, sampling=req.restart_params() if start else None,
             history_ids=req.tokens[:begin] if start and req.params.needs_penalties else [],
             num_prompt_tokens=req.prompt_len if start else 0,

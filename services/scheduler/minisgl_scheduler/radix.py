@@ -14,6 +14,12 @@ Cache salts (a request's `cache_salt`, as `minisgl_core.prefix_hash.salt_seed`) 
 namespaces: every node carries the salt of the requests that made it, and a salted request's edge
 keys include its salt, so a lookup under one salt never reaches a page cached under another. Salt 0
 (no salt) keys edges by tokens alone, as before.
+
+Window pool (`windowed=True`, a worker whose sliding-window layers keep KV in a second pool): each
+node also holds `win`, aligned with `pages`, the window-pool page of each logical page or -1 where
+it is gone (a "tombstone": the full-attention KV is cached, the windowed layers' is not). Window
+pages are evictable on their own (`evict_window`, unlocked nodes only) without removing the node;
+whether a prefix with tombstones is usable is the caller's question (kv_window.usable_pages).
 """
 
 from __future__ import annotations
@@ -35,12 +41,13 @@ class CacheListener(Protocol):
 
 class Node:
     __slots__ = ("tokens", "pages", "children", "parent", "ref", "last_access", "ready_step",
-                 "salt")
+                 "salt", "win")
 
     def __init__(self, tokens: list[int], pages: list[int], parent: Node | None,
-                 ready_step: int = READY, salt: int = 0) -> None:
+                 ready_step: int = READY, salt: int = 0, win: list[int] | None = None) -> None:
         self.tokens = tokens
         self.pages = pages
+        self.win = win if win is not None else []  # window pool only: aligned with pages
         self.children: dict[object, Node] = {}
         self.parent = parent
         self.ref = 0
@@ -57,15 +64,23 @@ class MatchResult:
     node: Node  # deepest matched node (the root when nothing matched)
     pages: list[int]  # pages of the matched prefix, in order
     blocked: bool = False  # a longer match exists but its KV is not written before `ready_before`
+    win: list[int] | None = None  # window pool only: aligned with pages (-1: tombstone)
 
     @property
     def num_pages(self) -> int:
         return len(self.pages)
 
 
+def present(win: list[int]) -> int:
+    """Window pages a node still holds (not tombstoned)."""
+    return len(win) - win.count(-1)
+
+
 class RadixCache:
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, windowed: bool = False) -> None:
         self.page_size = page_size
+        self.windowed = windowed
+        self.evictable_win = 0  # window pages of nodes held by no running request
         self.root = Node([], [], None)
         self.root.ref = 1  # never evicted
         self.total_pages = 0  # pages owned by the tree
@@ -98,7 +113,9 @@ class RadixCache:
         ps = self.page_size
         parent = node.parent
         assert parent is not None and 0 < k < len(node.pages)
-        upper = Node(node.tokens[: k * ps], node.pages[:k], parent, node.ready_step, node.salt)
+        upper = Node(node.tokens[: k * ps], node.pages[:k], parent, node.ready_step, node.salt,
+                     node.win[:k])
+        node.win = node.win[k:]
         upper.ref = node.ref
         upper.last_access = node.last_access
         parent.children[self._key(node.tokens, 0, node.salt)] = upper
@@ -114,21 +131,48 @@ class RadixCache:
         match end)."""
         self._clock += 1
         node, offset, pages = self.root, 0, list[int]()
+        win: list[int] | None = [] if self.windowed else None
         ps = self.page_size
         while len(tokens) - offset >= ps:
             child = node.children.get(self._key(tokens, offset, salt))
             if child is None:
                 break
             if ready_before is not None and child.ready_step >= ready_before:
-                return MatchResult(node, pages, blocked=True)
+                return MatchResult(node, pages, blocked=True, win=win)
             k = self._common_pages(child, tokens, offset)
             if k < len(child.pages):
                 child = self._split(child, k)
             child.last_access = self._clock
             pages.extend(child.pages)
+            if win is not None:
+                win.extend(child.win)
             offset += k * ps
             node = child
-        return MatchResult(node, pages)
+        return MatchResult(node, pages, win=win)
+
+    def cut(self, found: MatchResult, n: int) -> MatchResult:
+        """`found` shortened to its first n pages (the node ending there split off if needed)."""
+        if n >= found.num_pages:
+            return found
+        if n <= 0:
+            return MatchResult(self.root, [], found.blocked, [] if found.win is not None else None)
+        node, end = found.node, found.num_pages
+        while end - len(node.pages) >= n:
+            end -= len(node.pages)
+            node = node.parent  # type: ignore[assignment]  # n >= 0: stops at the root
+        if end > n:
+            node = self._split(node, len(node.pages) - (end - n))
+        return MatchResult(node, found.pages[:n], found.blocked,
+                           found.win[:n] if found.win is not None else None)
+
+    def path(self, node: Node) -> list[Node]:
+        """The nodes from below the root down to `node`."""
+        out = []
+        while node is not self.root:
+            out.append(node)
+            node = node.parent  # type: ignore[assignment]  # None only past the root
+        out.reverse()
+        return out
 
     # -- ownership ------------------------------------------------------------------------------
 
@@ -136,6 +180,7 @@ class RadixCache:
         while node is not self.root:
             if node.ref == 0:
                 self.evictable_pages -= len(node.pages)
+                self.evictable_win -= present(node.win)
             node.ref += 1
             node = node.parent  # type: ignore[assignment]  # None only past the root
 
@@ -146,35 +191,42 @@ class RadixCache:
             node.ref -= 1
             if node.ref == 0:
                 self.evictable_pages += len(node.pages)
+                self.evictable_win += present(node.win)
             node = node.parent  # type: ignore[assignment]  # None only past the root
 
     def insert(self, tokens: list[int], pages: list[int], ready_step: int = READY,
-               salt: int = 0) -> tuple[Node, int]:
+               salt: int = 0, win: list[int] | None = None) -> tuple[Node, int]:
         """Cache `pages` (one per page of `tokens`, whole pages only) under `salt`.
 
         Returns the node that ends the prefix and how many leading pages the tree already had:
         the caller's pages from that index on now belong to the tree; the caller's pages before it
         are either the tree's own (a prefix it matched earlier) or duplicates the caller still owns.
+        A windowed tree takes `win` (aligned with `pages`) along with the new pages.
         """
         ps = self.page_size
         if len(tokens) != len(pages) * ps:
             raise ValueError("insert takes whole pages: len(tokens) == len(pages) * page_size")
+        if self.windowed != (win is not None) or (win is not None and len(win) != len(pages)):
+            raise ValueError("a windowed tree takes window pages aligned with pages, no other")
         found = self.match(tokens, salt=salt)
         have = found.num_pages
         node = found.node
         if have < len(pages):
-            new = Node(tokens[have * ps :], pages[have:], node, ready_step, salt)
+            new = Node(tokens[have * ps :], pages[have:], node, ready_step, salt,
+                       win[have:] if win is not None else None)
             new.last_access = self._clock
             node.children[self._key(new.tokens, 0, salt)] = new
             self.total_pages += len(new.pages)
             self.evictable_pages += len(new.pages)
+            self.evictable_win += present(new.win)
             node = new
             if self.listener is not None:
                 self.listener.stored(tokens, have, salt)
         return node, have
 
-    def evict(self, n: int) -> list[int]:
-        """Free up to n unreferenced pages, least recently used leaves first (tails of nodes)."""
+    def evict(self, n: int, win_out: list[int] | None = None) -> list[int]:
+        """Free up to n unreferenced pages, least recently used leaves first (tails of nodes).
+        A windowed tree appends the window pages of the removed pages to `win_out`."""
         if n <= 0 or self.evictable_pages == 0:
             return []
         heap = [x for x in self._nodes() if not x.children and x.ref == 0]
@@ -189,8 +241,13 @@ class RadixCache:
                 out.extend(node.pages[-take:])
                 node.pages = node.pages[:-take]
                 node.tokens = node.tokens[: len(node.pages) * self.page_size]
+                if node.win:
+                    self._drop_win(node.win[-take:], win_out)
+                    node.win = node.win[:-take]
                 break
             out.extend(node.pages)
+            if node.win:
+                self._drop_win(node.win, win_out)
             parent = node.parent
             assert parent is not None
             del parent.children[self._key(node.tokens, 0, node.salt)]
@@ -199,6 +256,30 @@ class RadixCache:
                 heapq.heappush(heap, parent)
         self.total_pages -= len(out)
         self.evictable_pages -= len(out)
+        return out
+
+    def _drop_win(self, win: list[int], out: list[int] | None) -> None:
+        kept = [p for p in win if p >= 0]
+        self.evictable_win -= len(kept)  # only unlocked nodes are evicted
+        if out is None:
+            raise ValueError("evicting a windowed tree needs win_out for its window pages")
+        out.extend(kept)
+
+    def evict_window(self, n: int) -> list[int]:
+        """Tombstone up to n window pages of unreferenced nodes, least recently used first; the
+        nodes (full-attention KV) stay. Returns the window pages."""
+        if n <= 0 or self.evictable_win == 0:
+            return []
+        heap = [x for x in self._nodes() if x.ref == 0 and present(x.win)]
+        heapq.heapify(heap)
+        out: list[int] = []
+        while heap and len(out) < n:
+            node = heapq.heappop(heap)
+            for i, p in enumerate(node.win):
+                if p >= 0 and len(out) < n:
+                    out.append(p)
+                    node.win[i] = -1
+        self.evictable_win -= len(out)
         return out
 
     def _tell_removed(self, listener: CacheListener, node: Node, keep: int) -> None:
@@ -210,8 +291,8 @@ class RadixCache:
         path = [t for chunk in reversed(chunks) for t in chunk]
         listener.removed(path, len(path) // self.page_size - (len(node.pages) - keep), node.salt)
 
-    def evict_all(self) -> list[int]:
-        return self.evict(self.evictable_pages)
+    def evict_all(self, win_out: list[int] | None = None) -> list[int]:
+        return self.evict(self.evictable_pages, win_out)
 
     # -- inspection -----------------------------------------------------------------------------
 
@@ -226,11 +307,16 @@ class RadixCache:
     def all_pages(self) -> list[int]:
         return [p for node in self._nodes() for p in node.pages]
 
+    def all_win_pages(self) -> list[int]:
+        return [p for node in self._nodes() for p in node.win if p >= 0]
+
     def check(self) -> None:
         """Structural invariants; raises AssertionError on the first broken one (tests, debug)."""
-        total = evictable = 0
+        total = evictable = evictable_win = 0
         for node in self._nodes():
             assert node.pages, "empty node"
+            assert len(node.win) == (len(node.pages) if self.windowed else 0), "win misaligned"
+            evictable_win += present(node.win) if node.ref == 0 else 0
             assert len(node.tokens) == len(node.pages) * self.page_size, "tokens/pages mismatch"
             assert node.ref >= 0, "negative ref count"
             parent = node.parent
@@ -242,3 +328,4 @@ class RadixCache:
             evictable += len(node.pages) if node.ref == 0 else 0
         assert total == self.total_pages, (total, self.total_pages)
         assert evictable == self.evictable_pages, (evictable, self.evictable_pages)
+        assert evictable_win == self.evictable_win, (evictable_win, self.evictable_win)

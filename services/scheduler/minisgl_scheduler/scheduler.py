@@ -88,7 +88,8 @@ class Scheduler:
         """Page and slot state for a worker (at start, or a new process): all empty."""
         self.info = info
         self.page_size = info.page_size
-        self.kv = KVManager(info.num_pages, info.page_size, use_cache=self.config.cache == "radix")
+        self.kv = KVManager(info.num_pages, info.page_size, use_cache=self.config.cache == "radix",
+                            window_pages=info.window_pages, window=info.window)
         self.max_running = min(self.config.max_running_requests, info.max_slots)
         self.eos_ids = frozenset(info.eos_token_ids)
         self._free_slots = list(range(info.max_slots))  # a heap: lowest slot first
@@ -198,9 +199,12 @@ class Scheduler:
         if (self._prioritized and self.config.max_priority_preemptions and self.waiting
                 and self.running):
             self._preempt_for_priority(budget)
+        windowed = self.kv.windowed
         for req in list(self.running):  # by rank: they win when memory is short
             if req.phase is not Phase.RUNNING:
                 continue  # preempted or ended while planning this step
+            if windowed:  # window pages no query from req.computed on can read
+                self.kv.trim(req, req.computed, self._last_launched())
             if req.computed < req.target:  # prefilling
                 if budget > 0 and (n := self._fit_chunk(req, budget)):
                     self._add_chunk(step, req, n)
@@ -216,6 +220,15 @@ class Scheduler:
         self._counters["decode"] += len(step.decode_reqs)
         self._counters["prefill"] += step.prefill_tokens
         return step
+
+    def _last_launched(self) -> int | None:
+        """The last step in flight (it may read what this plan drops), None if none is."""
+        return self.inflight[-1].plan.step_id if self.inflight else None
+
+    def _shed_windows(self) -> int:
+        """Cached window pages that running requests hold but no longer read, dropped."""
+        until = self._last_launched()
+        return sum([self.kv.shed(r, until) for r in self.running])
 
     def _fit_chunk(self, req: Request, budget: int) -> int:
         """Tokens of the next prefill chunk of a running request that fit in memory (0: none)."""
@@ -234,6 +247,8 @@ class Scheduler:
     def _grow(self, req: Request, num_tokens: int) -> bool:
         """Pages for `num_tokens` positions of a running request, preempting younger ones."""
         while not self.kv.grow(req, num_tokens):
+            if self.kv.windowed and self._shed_windows():
+                continue  # cached window pages no running query reads: free (after in-flight)
             if self.inflight:  # pages of finished requests may come back with these steps
                 self._drain()
                 if req.phase is not Phase.RUNNING:
@@ -243,10 +258,12 @@ class Scheduler:
             if victim is req and self._zombies:
                 return False  # ended requests in this plan give pages back after it: wait
             if victim is req and len(self.running) == 1:
+                pool = f"the pool holds {self.kv.num_pages} pages"
+                if self.kv.windowed:
+                    pool += f" (its sliding-window pool {self.kv.window_pages})"
                 self._finish(req, FinishReason.ERROR, SchedulerError(
                     f"the request needs {pages_for(num_tokens, self.page_size)} KV pages "
-                    f"({num_tokens} tokens) but the pool holds {self.kv.num_pages} pages",
-                    ErrorCode.CONTEXT_LENGTH_EXCEEDED))
+                    f"({num_tokens} tokens) but {pool}", ErrorCode.CONTEXT_LENGTH_EXCEEDED))
                 return False
             self._preempt(victim)
             if victim is req:
@@ -260,6 +277,7 @@ class Scheduler:
         ready_before = step.plan.step_id
         ps, ratio = self.page_size, self.config.decode_reserve_ratio
         reserve = sum(reserve_pages(r, ps, ratio) for r in self.running)
+        reserve_win = sum(self._window_reserve(r) for r in self.running) if self.kv.windowed else 0
         cache = None if self._poisoned else self.kv.cache
         for req in waiting_order(self.waiting, cache, self.config, self.turns):
             if budget <= 0 or len(self.running) >= self.max_running or not self._free_slots:
@@ -272,13 +290,19 @@ class Scheduler:
             self.kv.attach(req, match)
             cached = len(req.pages) * self.page_size
             n = min(budget, req.target - cached)
+            if self.kv.windowed:  # a first chunk the window pool can hold
+                if n > self.kv.win_available * ps:  # the hit's window pages it will not read
+                    self.kv.shed(req, self._last_launched())
+                n = min(n, self.kv.win_available * ps)
+                if n <= 0:
+                    self.kv.detach(req)
+                    return
             need = pages_for(cached + n, self.page_size) - len(req.pages)
-            if need + reserve > self.kv.available:
+            if not self.kv.fits(need, reserve, reserve_win):
                 self.kv.detach(req)
                 return  # keep arrival order: later requests do not jump the queue
-            got = self.kv.alloc(need)
-            assert got is not None
-            req.pages.extend(got)
+            ok = self.kv.grow(req, cached + n)
+            assert ok
             req.slot = heapq.heappop(self._free_slots)
             req.computed = cached
             req.phase = Phase.RUNNING
@@ -292,6 +316,15 @@ class Scheduler:
             self._add_chunk(step, req, n, start=True)
             budget -= n
             reserve += reserve_pages(req, ps, ratio)
+            if self.kv.windowed:
+                reserve_win += self._window_reserve(req)
+
+    def _window_reserve(self, r: Request) -> int:
+        """Window pages kept back for a running request: what it still needs, at most a window's
+        worth (it drops older ones as it goes) and a prefill chunk's."""
+        full = reserve_pages(r, self.page_size, self.config.decode_reserve_ratio)
+        span = pages_for(self.kv.window + self.config.max_prefill_tokens, self.page_size) + 1
+        return min(full, max(0, span - (len(r.win) - r.win_lo)))
 
     def _preempt_for_priority(self, budget: int) -> None:
         """Make room for the first waiting request (by priority) by preempting running ones of a
@@ -347,6 +380,7 @@ class Scheduler:
         if self.pacer.enabled:
             self.pacer.observe(step.prefill_tokens, attention_pairs(
                 [(c.cache_len, len(c.input_ids)) for c in step.plan.reqs]), out.forward_ms)
+        self._step_done(step)
         for req in step.reqs:
             req.inflight -= 1
         for i, req in enumerate(step.sampled):
@@ -360,12 +394,20 @@ class Scheduler:
                 self._maybe_release(req)
         self._maybe_unpoison()
 
+    def _step_done(self, step: LaunchedStep) -> None:
+        """`step` is over (collected or failed): window pages only it and older steps could
+        read are free. A step failing at launch leaves older ones in flight: they still count."""
+        if self.kv.windowed:
+            self.kv.collected(self.inflight[0].plan.step_id - 1 if self.inflight
+                              else step.plan.step_id)
+
     def _fail_step(self, step: LaunchedStep, exc: Exception) -> None:
         """A failed step leaves the worker's slots and KV suspect: fail everything running."""
         log.error("step %d failed: %s", step.plan.step_id, exc)
         error = exc if isinstance(exc, SchedulerError) else WorkerFailed(f"the worker failed: {exc}")
         self._poisoned = True
         self._poison_until = self._next_step - 1  # the last step launched so far
+        self._step_done(step)
         for req in step.reqs:
             req.inflight -= 1
             req.kv_valid = False

@@ -30,6 +30,14 @@ the cached latent and rotary key, v its first `value_dim` values, the output
 it computes in `unsupported(spec)`; `create_backend` refuses an explicit backend that cannot
 serve a model's layers, naming the feature, and "auto" picks one that can.
 
+Window pool: when a window is shorter than the context, the sliding-window layers keep their KV
+in a second pool (`KVPool.window_layers`; their `k`/`v` tensors have the window pool's pages).
+For those layers a backend stores at `batch.window_out_loc` and reads through
+`batch.window_page_table` instead of `out_loc` / `page_table`, and only keys inside the window:
+the scheduler drops (and reuses) the window pages of positions no future query can see, so older
+entries of a window row are stale. The torch and triton backends serve windows; `store_loc()` is
+None while a window pool exists (a caller storing K/V itself would use the wrong table).
+
 CUDA graphs (decode only, optional: `supports_cuda_graph`): the graph runner calls
 `init_cuda_graph(max_bs)` once, then for each captured batch size `prepare_for_capture(batch)`
 before capturing the model forward, and `prepare_for_replay(batch)` before each replay instead of
@@ -168,6 +176,11 @@ class ForwardBatch:
     # Decode steps: the rows longest first (int32 [B] on the device), the order in which the
     # Triton decode kernel starts its programs, so that the longest do not start last.
     decode_order: torch.Tensor | None = None
+    # Window pool only (KVPool.window_layers): the sliding-window layers' flat KV slots [T]
+    # (int64) and page-table rows [B, P] (int32; the window dummy page where no window KV is
+    # kept, beyond every query's window). Those layers store and read through these instead.
+    window_out_loc: torch.Tensor | None = None
+    window_page_table: torch.Tensor | None = None
 
     def num_pages_host(self) -> list[int]:
         """Pages each request's KV spans after this step (FlashInfer: diff of paged_kv_indptr)."""

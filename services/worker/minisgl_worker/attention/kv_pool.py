@@ -18,6 +18,12 @@ else is allocated, so a token costs head_dim values a layer instead of 2 * heads
 
 One extra page, `dummy_page` (= num_pages), is allocated past the scheduler's pages: padded rows
 of a CUDA-graph batch point there, so their KV writes can never touch a live request's page.
+
+Window pool (`window_layers`, `window_pages` > 0): the sliding-window layers' k[layer], v[layer]
+have `window_pages` + 1 pages instead (the last, `window_dummy_page`, the dummy), indexed through
+the batch's second page table (`ForwardBatch.window_page_table`, `window_out_loc`), whose rows the
+scheduler fills with window-pool pages and drops from as the window moves on; the other layers
+keep the main pool. Flat locations of a windowed layer index its window-pool tensors.
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ class KVPool:
         max_slots: int,
         max_pages_per_seq: int,
         v_dim: int | None = None,
+        window_layers: frozenset[int] = frozenset(),
+        window_pages: int = 0,
     ) -> None:
         if v_dim is not None and not 0 < v_dim <= head_dim:
             raise ValueError(f"an MLA pool's v_dim ({v_dim}) must be in (0, head_dim={head_dim}]")
@@ -68,14 +76,23 @@ class KVPool:
         self.dtype, self.device = dtype, torch.device(device)
         self.max_slots, self.max_pages_per_seq = max_slots, max_pages_per_seq
         self.dummy_page = num_pages
+        if bool(window_layers) != (window_pages > 0):
+            raise ValueError("a window pool needs both windowed layers and window pages")
+        self.window_layers, self.window_pages = window_layers, window_pages
+        self.window_dummy_page = window_pages
         shape = (num_pages + 1, page_size, num_kv_heads, head_dim)
+        wshape = (window_pages + 1, page_size, num_kv_heads, head_dim)
+
         # One allocation per layer and kind (not one big tensor) so that each is contiguous and
         # can be handed to kernels as is.
-        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        def alloc(layer: int) -> torch.Tensor:
+            return torch.zeros(wshape if layer in window_layers else shape, dtype=dtype,
+                               device=self.device)
+
+        self.k = [alloc(i) for i in range(num_layers)]
         self.v_dim = v_dim  # None: V stored apart, head_dim wide
         if v_dim is None:
-            self.v = [torch.zeros(shape, dtype=dtype, device=self.device)
-                      for _ in range(num_layers)]
+            self.v = [alloc(i) for i in range(num_layers)]
         else:  # MLA: V is K's leading values, a view (no storage of its own)
             self.v = [k[..., :v_dim] for k in self.k]
         self.page_table = torch.zeros(max_slots, max_pages_per_seq, dtype=torch.int32,
@@ -92,6 +109,10 @@ class KVPool:
     @property
     def mla(self) -> bool:
         return self.v_dim is not None
+
+    def windowed(self, layer: int) -> bool:
+        """The layer keeps its KV in the window pool (its own page table)."""
+        return layer in self.window_layers
 
     def k_flat(self, layer: int) -> torch.Tensor:
         return self.k[layer].view(-1, self.num_kv_heads, self.head_dim)

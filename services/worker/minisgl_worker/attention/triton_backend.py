@@ -35,6 +35,9 @@ class _StepMeta:
     num_splits: int
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
     order: torch.Tensor | None = None  # [B] int32: decode rows longest first (paged_decode)
+    # the window pool's slots [T] and page-table rows [B, P] (KVPool.window_layers)
+    window_out_loc: torch.Tensor | None = None
+    window_page_table: torch.Tensor | None = None
 
 
 @dataclass
@@ -47,6 +50,8 @@ class _GraphBuffers:
     cache_lens: torch.Tensor  # [max_bs] int32
     order: torch.Tensor  # [max_bs] int32: the decode rows longest first
     partial: torch.Tensor  # flat fp32 split-K workspace, shared by every graph (never concurrent)
+    window_page_table: torch.Tensor | None = None  # the window pool's, as page_table
+    window_out_loc: torch.Tensor | None = None
 
 
 class TritonBackend(AttentionBackend):
@@ -96,9 +101,12 @@ class TritonBackend(AttentionBackend):
             rows=self._arange_rows(batch.batch_size), seq_lens=batch.seq_lens,
             qo_indptr=batch.qo_indptr, cache_lens=batch.cache_lens,
             max_extend_len=batch.max_extend_len, num_splits=splits,
-            order=_longest_first(batch) if batch.is_decode else None)
+            order=_longest_first(batch) if batch.is_decode else None,
+            window_out_loc=batch.window_out_loc, window_page_table=batch.window_page_table)
 
     def store_loc(self) -> torch.Tensor | None:
+        if self.pool.window_layers:  # two tables: a caller storing K/V itself would pick wrong
+            return None
         return self._meta.out_loc if self._meta is not None else None  # graph: g.out_loc slice
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
@@ -110,15 +118,21 @@ class TritonBackend(AttentionBackend):
         if spec.value_dim is not None:
             return self._latent(q, k, v, layer_id, kv_stored, spec.value_dim, m)
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
+        out_loc, table = m.out_loc, m.page_table
+        if self.pool.windowed(layer_id):  # the window pool: its own slots and page table
+            if m.window_out_loc is None or m.window_page_table is None or spec.window is None:
+                raise RuntimeError(f"layer {layer_id} is in the window pool without a window "
+                                   "or the batch's window locations")
+            out_loc, table = m.window_out_loc, m.window_page_table
         if not kv_stored:
-            self._store.store_kv(k_cache, v_cache, k, v, m.out_loc)
+            self._store.store_kv(k_cache, v_cache, k, v, out_loc)
         window = spec.window
         if m.is_decode:
             return self._decode.paged_decode(
-                q, k_cache, v_cache, m.page_table, m.rows, m.seq_lens, self.config.scale,
+                q, k_cache, v_cache, table, m.rows, m.seq_lens, self.config.scale,
                 m.num_splits, workspace=m.workspace, order=m.order, window=window, sinks=sinks)
         return self._extend.paged_extend(
-            q, k_cache, v_cache, m.page_table, m.rows, m.qo_indptr, m.cache_lens,
+            q, k_cache, v_cache, table, m.rows, m.qo_indptr, m.cache_lens,
             m.max_extend_len, self.config.scale, window=window, sinks=sinks)
 
     def _latent(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
@@ -160,6 +174,13 @@ class TritonBackend(AttentionBackend):
             partial=torch.empty(partial_rows * c.num_qo_heads * (c.head_dim + 1),
                                 dtype=torch.float32, device=dev),
         )
+        if self.pool.window_layers:
+            self._graph.window_page_table = torch.full(
+                (max_bs, c.max_pages_per_seq), self.pool.window_dummy_page, dtype=torch.int32,
+                device=dev)
+            self._graph.window_out_loc = torch.full(
+                (max_bs,), self.pool.window_dummy_page * c.page_size, dtype=torch.int64,
+                device=dev)
 
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
         self.prepare_for_replay(batch)
@@ -176,6 +197,13 @@ class TritonBackend(AttentionBackend):
         g.seq_lens[:bs].copy_(batch.seq_lens, non_blocking=True)
         g.out_loc[:bs].copy_(batch.out_loc, non_blocking=True)
         g.order[:bs].copy_(_longest_first(batch), non_blocking=True)
+        w_table = w_loc = None
+        if g.window_page_table is not None and g.window_out_loc is not None:
+            if batch.window_page_table is None or batch.window_out_loc is None:
+                raise ValueError("a window pool's decode batch without window locations")
+            g.window_page_table[:bs, :pages].copy_(batch.window_page_table, non_blocking=True)
+            g.window_out_loc[:bs].copy_(batch.window_out_loc, non_blocking=True)
+            w_table, w_loc = g.window_page_table[:bs], g.window_out_loc[:bs]
         splits = self._graph_splits(bs)
         h, d = c.num_qo_heads, c.v_head_dim  # the output's width (MLA: the latent's)
         n_o = bs * h * splits * d
@@ -185,7 +213,8 @@ class TritonBackend(AttentionBackend):
             is_decode=True, out_loc=g.out_loc[:bs], page_table=g.page_table[:bs],
             rows=g.rows[:bs], seq_lens=g.seq_lens[:bs], qo_indptr=g.qo_indptr[: bs + 1],
             cache_lens=g.cache_lens[:bs], max_extend_len=1, num_splits=splits,
-            workspace=(part_o, part_lse), order=g.order[:bs])
+            workspace=(part_o, part_lse), order=g.order[:bs], window_out_loc=w_loc,
+            window_page_table=w_table)
 
 
 def _longest_first(batch: ForwardBatch) -> torch.Tensor:

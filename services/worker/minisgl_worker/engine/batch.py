@@ -43,7 +43,7 @@ class DeviceStep:
 class PlanBuilder:
     def __init__(self, max_slots: int, max_pages_per_seq: int, num_pages: int, page_size: int,
                  max_model_len: int, vocab_size: int, device: torch.device,
-                 dummy_page: int | None = None) -> None:
+                 dummy_page: int | None = None, window_pages: int = 0) -> None:
         self.max_slots, self.max_pages, self.num_pages = max_slots, max_pages_per_seq, num_pages
         self.dummy_page = num_pages if dummy_page is None else dummy_page  # = KVPool.dummy_page
         self.page_size, self.max_model_len, self.vocab_size = page_size, max_model_len, vocab_size
@@ -52,6 +52,11 @@ class PlanBuilder:
         self.pages_len = np.zeros(max_slots, dtype=np.int64)  # valid page-table entries
         self.has_future = np.zeros(max_slots, dtype=bool)  # a sampled token waits in the slot
         self._ring = PinnedRing(device) if device.type == "cuda" else None
+        # Window pool (KVPool.window_layers): the second page table's mirror; its dummy page
+        # (= window_pages) stands for -1, a logical page without window KV.
+        self.window_pages = window_pages
+        self.window_table = (np.full((max_slots, max_pages_per_seq), window_pages, dtype=np.int32)
+                             if window_pages else None)
 
     # -- validation ---------------------------------------------------------------------------
 
@@ -85,9 +90,13 @@ class PlanBuilder:
             return False
         if d.new_pages and (min(d.new_pages) < 0 or max(d.new_pages) >= self.num_pages):
             return False
+        if not self._window_ok(d.new_pages, d.new_window_pages):
+            return False
         vocab = self.vocab_size
         for r in reqs:  # list fields
             if r.new_pages and (min(r.new_pages) < 0 or max(r.new_pages) >= self.num_pages):
+                return False
+            if not self._window_ok(r.new_pages, r.new_window_pages):
                 return False
             if min(r.input_ids) < 0 or max(r.input_ids) >= vocab:
                 return False
@@ -95,11 +104,21 @@ class PlanBuilder:
                 return False
         return True
 
+    def _window_ok(self, pages: list[int], window: list[int]) -> bool:
+        """Window pages aligned with `pages` and in [-1, window_pages) with a window pool;
+        none without."""
+        if not self.window_pages:
+            return not window
+        return len(window) == len(pages) and (
+            not window or (min(window) >= -1 and max(window) < self.window_pages))
+
     def _validate_each(self, plan: StepPlan) -> None:
         d = plan.decodes
         if not d.consistent():
             raise InvalidPlan(f"step {plan.step_id}: decode columns of different lengths, or "
                               "new_page_counts that do not add up to new_pages")
+        if not self._window_ok(d.new_pages, d.new_window_pages):
+            raise InvalidPlan(f"step {plan.step_id}: decode new_window_pages " + self._window_rule())
         seen: set[int] = set()
         at = 0
         for i, rid in enumerate(d.rids):
@@ -117,11 +136,18 @@ class PlanBuilder:
                                   "the step's decode columns)")
             self._check_entry(plan.step_id, seen, r.rid, r.slot, r.cache_len, len(r.input_ids),
                               r.page_offset, r.new_pages)
+            if not self._window_ok(r.new_pages, r.new_window_pages):
+                raise InvalidPlan(f"{where}: new_window_pages " + self._window_rule())
             if min(r.input_ids) < 0 or max(r.input_ids) >= self.vocab_size:
                 raise InvalidPlan(f"{where}: token ids must be in [0, {self.vocab_size})")
             if r.history_ids and (min(r.history_ids) < 0
                                   or max(r.history_ids) >= self.vocab_size):
                 raise InvalidPlan(f"{where}: history ids must be in [0, {self.vocab_size})")
+
+    def _window_rule(self) -> str:
+        if not self.window_pages:
+            return "sent to a worker without a window pool"
+        return f"must align with new_pages, ids in [-1, {self.window_pages})"
 
     def _check_entry(self, step_id: int, seen: set[int], rid: int, slot: int, cache_len: int,
                      num_inputs: int, page_offset: int, new_pages: list[int]) -> None:
@@ -164,10 +190,16 @@ class PlanBuilder:
         d, reqs = plan.decodes, plan.reqs
         nd = len(d.rids)
         writes = [self._decode_page_writes(plan)] if d.new_pages else []
+        wt = self.window_table
+        if wt is not None and d.new_pages:
+            w = writes[0]
+            wt[w[0], w[1]] = self._window_ids(d.new_window_pages)
         for r in reqs:
             if r.new_pages:
                 end = r.page_offset + len(r.new_pages)
                 self.page_table[r.slot, r.page_offset:end] = r.new_pages
+                if wt is not None:
+                    wt[r.slot, r.page_offset:end] = self._window_ids(r.new_window_pages)
                 self.pages_len[r.slot] = end
                 writes.append(np.stack([np.full(len(r.new_pages), r.slot),
                                         np.arange(r.page_offset, end), r.new_pages]))
@@ -203,6 +235,15 @@ class PlanBuilder:
         rows[:b] = self.page_table[slots, :width]
         # FlashInfer's CSR page layout, here so the backend does not rebuild it per step.
         kv_indptr, kv_indices, kv_last = csr_page_layout(seq, rows, ps)
+        win64: list[np.ndarray] = []
+        win32: list[np.ndarray] = []
+        if wt is not None:  # the window pool's locations and rows, padded like the main ones
+            win_loc = np.full(t, self.window_pages * ps, dtype=np.int64)
+            win_loc[:real_t] = (wt[slots[owner], pos[:real_t] // ps].astype(np.int64) * ps
+                                + pos[:real_t] % ps)
+            win_rows = np.full((bs, width), self.window_pages, dtype=np.int32)
+            win_rows[:b] = wt[slots, :width]
+            win64, win32 = [win_loc], [win_rows.reshape(-1)]
 
         input_ids = np.zeros(t, dtype=np.int64)
         for r, start in zip(reqs, indptr[nd:b].tolist(), strict=True):
@@ -216,13 +257,14 @@ class PlanBuilder:
         page_writes = (np.concatenate(writes, axis=1).astype(np.int64) if writes
                        else np.zeros((3, 0), dtype=np.int64))
         i64 = [input_ids, pos, out_loc, slots, sample_idx, sample_slots, sample_pos, decode_idx,
-               decode_slots, page_writes.reshape(-1)]
+               decode_slots, page_writes.reshape(-1)] + win64
         # longest first (stable: ties keep row order); padding rows (seq_len 1) end up last
         order = np.argsort(-seq, kind="stable") if is_decode else np.zeros(0, dtype=np.int64)
-        i32 = [cache, ext, seq, indptr, rows.reshape(-1), kv_indptr, kv_indices, kv_last, order]
+        i32 = [cache, ext, seq, indptr, rows.reshape(-1), kv_indptr, kv_indices, kv_last,
+               order] + win32
         (ids_d, pos_d, loc_d, slots_d, sidx_d, sslots_d, spos_d, didx_d, dslots_d,
-         writes_d), _ = self._upload(i64, np.int64)
-        (cache_d, ext_d, seq_d, indptr_d, rows_d, kvp_d, kvi_d, kvl_d, order_d), host32 = \
+         writes_d, *wloc_d), _ = self._upload(i64, np.int64)
+        (cache_d, ext_d, seq_d, indptr_d, rows_d, kvp_d, kvi_d, kvl_d, order_d, *wrows_d), host32 = \
             self._upload(i32, np.int32)
         batch = ForwardBatch(
             batch_size=bs, num_tokens=t, is_decode=is_decode, page_size=ps, positions=pos_d,
@@ -234,10 +276,17 @@ class PlanBuilder:
             sample_indices=sidx_d, qo_indptr_host=host32[3], kv_indptr_host=host32[5],
             kv_indices=kvi_d, kv_last_page_len_host=host32[7],
             decode_order=order_d if is_decode else None,
+            window_out_loc=wloc_d[0] if wloc_d else None,
+            window_page_table=wrows_d[0].view(bs, width) if wrows_d else None,
         )
         step = DeviceStep(batch, ids_d, didx_d, dslots_d, sslots_d, spos_d,
                           sample_slots.tolist(), rids, len(decode_idx), writes_d.view(3, -1))
         return step, page_writes
+
+    def _window_ids(self, ids: list[int]) -> np.ndarray:
+        """Window pages as the table holds them: -1 (none kept) as the window dummy page."""
+        a = np.asarray(ids, dtype=np.int32)
+        return np.where(a < 0, self.window_pages, a)
 
     def _decode_page_writes(self, plan: StepPlan) -> np.ndarray:
         """Write the decode entries' new pages into the page-table mirror; their (slot, column,

@@ -46,8 +46,10 @@ def capture_sizes(max_bs: int) -> list[int]:
     return sizes + [max_bs]
 
 
-def pad_decode_batch(batch: ForwardBatch, bs: int, dummy_page: int) -> ForwardBatch:
-    """`batch` (decode, B <= bs rows) grown to bs rows of padding; the same batch if B == bs."""
+def pad_decode_batch(batch: ForwardBatch, bs: int, dummy_page: int,
+                     window_dummy_page: int | None = None) -> ForwardBatch:
+    """`batch` (decode, B <= bs rows) grown to bs rows of padding; the same batch if B == bs.
+    A window pool's fields (present when `window_dummy_page` is given) pad to its dummy page."""
     b, n = batch.batch_size, bs - batch.batch_size
     if n < 0 or not batch.is_decode:
         raise ValueError(f"cannot pad a {'decode' if batch.is_decode else 'mixed'} batch of "
@@ -63,6 +65,14 @@ def pad_decode_batch(batch: ForwardBatch, bs: int, dummy_page: int) -> ForwardBa
 
     table_host = batch.page_table_host if b else torch.zeros(0, width, dtype=i32)
     pad_table_host = torch.full((n, width), dummy_page, dtype=i32)
+    w_loc = w_table = None
+    if window_dummy_page is not None:
+        w_loc = grow(batch.window_out_loc if batch.window_out_loc is not None
+                     else torch.zeros(0, dtype=i64, device=dev), window_dummy_page * ps)
+        rows = (batch.window_page_table.view(b, width) if batch.window_page_table is not None
+                else torch.zeros(0, width, dtype=i32, device=dev))
+        w_table = torch.cat([rows, torch.full((n, width), window_dummy_page, dtype=i32,
+                                              device=dev)])
     return ForwardBatch(
         batch_size=bs, num_tokens=bs, is_decode=True, page_size=ps,
         positions=grow(batch.positions, 0), out_loc=grow(batch.out_loc, dummy_page * ps),
@@ -76,7 +86,8 @@ def pad_decode_batch(batch: ForwardBatch, bs: int, dummy_page: int) -> ForwardBa
         seq_lens_host=batch.seq_lens_host + [1] * n,
         page_table_host=torch.cat([table_host.view(b, width), pad_table_host]),
         max_seq_len=max(batch.max_seq_len, 1), max_extend_len=1,
-        sample_indices=batch.sample_indices.to(i64),
+        sample_indices=batch.sample_indices.to(i64), window_out_loc=w_loc,
+        window_page_table=w_table,
     )
 
 
@@ -102,6 +113,8 @@ class CudaGraphRunner:
         if not backend.supports_cuda_graph:
             raise ValueError(f"attention backend {backend.name!r} cannot run in CUDA graphs")
         self.backend, self.pool, self.eager = backend, pool, eager
+        # Padded rows of a window pool's batches point at its dummy page too.
+        self._window_dummy = pool.window_dummy_page if pool.window_layers else None
         self.returns_logits = logits is not None
         self.model = model
         if logits is not None:
@@ -137,7 +150,7 @@ class CudaGraphRunner:
         # Largest first: smaller graphs then fit in the memory the largest one left in the pool.
         sizes = list(reversed(self.sizes))
         for bs in progress(sizes, total=len(sizes), desc="capturing CUDA graphs", unit="graph"):
-            batch = pad_decode_batch(empty, bs, self.pool.dummy_page)
+            batch = pad_decode_batch(empty, bs, self.pool.dummy_page, self._window_dummy)
             self.backend.prepare_for_capture(batch)
             if self.eager:
                 continue
@@ -175,7 +188,8 @@ class CudaGraphRunner:
         bs = self.graph_size(b)
         self.input_ids[:b].copy_(input_ids, non_blocking=True)
         self.positions[:b].copy_(batch.positions, non_blocking=True)
-        self.backend.prepare_for_replay(pad_decode_batch(batch, bs, self.pool.dummy_page))
+        self.backend.prepare_for_replay(pad_decode_batch(batch, bs, self.pool.dummy_page,
+                                                         self._window_dummy))
         self.replays += 1
         if self.eager:
             return self._forward(bs)[:b]

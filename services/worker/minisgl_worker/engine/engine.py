@@ -52,7 +52,8 @@ class Engine(ModelRunner, StepExecutor):
             eos_token_ids=list(mc.eos_token_ids), tp_size=self.config.tp_size,
             device=str(self.device), attention_backend=describe(self.backend),
             kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
-            two_shot_max_tokens=self.two_shot_max_tokens)
+            two_shot_max_tokens=self.two_shot_max_tokens, window_pages=self.window_pages,
+            window=self.window_layout.window if self.window_pages else 0)
 
     def launch(self, plan: StepPlan) -> None:
         if self._closed:

@@ -78,7 +78,9 @@ class _Cut(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:  # the owner prepares the real backend
         return None
 
-    def store_loc(self) -> torch.Tensor:
+    def store_loc(self) -> torch.Tensor | None:
+        if self.owner.pool.window_layers:  # two page tables: the backend stores K/V itself
+            return None
         return self.owner.loc[: self.size]
 
     def begin(self) -> None:

@@ -49,7 +49,8 @@ from .startup import (
     make_kv_pool,
     make_sampler,
     shard_heads,
-    size_kv_cache,
+    size_kv_pools,
+    window_layout,
 )
 
 log = logging.getLogger(__name__)
@@ -93,16 +94,21 @@ class ModelRunner:
         heads, kv_heads = shard_heads(mc)
         self.model = load_weights(config, mc, self.max_model_len, device, self.dtype)
         self.two_shot_max_tokens = init_fast_all_reduce(config, mc, device, self.dtype)
-        self.num_pages = size_kv_cache(config, mc, kv_heads, self.page_size, self.kv_dtype, device)
+        self.window_layout = layout = window_layout(mc, self.max_model_len)
+        self.num_pages, self.window_pages = size_kv_pools(
+            config, mc, kv_heads, self.page_size, self.kv_dtype, device, layout,
+            self.max_model_len)
         self.pool = make_kv_pool(config, mc, kv_heads, self.num_pages, self.page_size,
-                                 self.max_model_len, self.kv_dtype, device)
+                                 self.max_model_len, self.kv_dtype, device, layout,
+                                 self.window_pages)
         self.max_pages_per_seq = self.pool.max_pages_per_seq
         self.backend = choose_backend(config, mc, heads, self.pool, self.max_model_len,
                                       self.dtype)
         self.sampler = make_sampler(config, mc, device)
         self.builder = PlanBuilder(config.max_slots, self.max_pages_per_seq, self.num_pages,
                                    self.page_size, self.max_model_len, mc.vocab_size,
-                                   device, dummy_page=self.pool.dummy_page)
+                                   device, dummy_page=self.pool.dummy_page,
+                                   window_pages=self.window_pages)
         # Each slot's last sampled token, on the device: a decode row's input (token futures).
         self.last_tokens = torch.zeros(config.max_slots, dtype=torch.int64, device=device)
         self.vocab_shard = choose_vocab_shard(config, mc)
@@ -116,6 +122,9 @@ class ModelRunner:
                  self.num_pages, self.page_size, self.pool.memory_bytes() / 2**30,
                  str(self.kv_dtype).removeprefix("torch."),
                  describe(self.backend), self.device)
+        if self.window_pages:
+            log.info("sliding-window KV pool: %d pages for %d of %d layers (window %d)",
+                     self.window_pages, len(layout.layers), mc.num_layers, layout.window)
 
     # -- start-up: the warm-up (the other steps are in startup.py) -------------------------------
 
@@ -133,11 +142,13 @@ class ModelRunner:
         that no request reads before writing. Returns the seconds it took."""
         started = time.perf_counter()
         room = min(self.max_model_len, self.num_pages * self.page_size,
-                   self.max_pages_per_seq * self.page_size)
+                   self.max_pages_per_seq * self.page_size,
+                   (self.window_pages or self.num_pages) * self.page_size)
         for n in sorted({max(1, min(n, room)) for n in num_tokens}):
             pages = list(range(-(-n // self.page_size)))
-            plan = StepPlan(step_id=-1, reqs=[ReqPlan(rid=-1, slot=0, cache_len=0,
-                                                      input_ids=[0] * n, new_pages=pages)])
+            plan = StepPlan(step_id=-1, reqs=[ReqPlan(
+                rid=-1, slot=0, cache_len=0, input_ids=[0] * n, new_pages=pages,
+                new_window_pages=pages if self.window_pages else [])])
             hidden, _, _ = self._forward(self._upload(plan), use_graph=False)
         self._warm_up_sampler(hidden)
         fast = dist.tp().fast_all_reduce  # TP: the all-reduce kernels of longer prefills
@@ -151,6 +162,8 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         b = self.builder  # slot 0 as it was: no pages, no token future
         b.page_table[0] = 0
+        if b.window_table is not None:
+            b.window_table[0] = self.window_pages
         b.pages_len[0] = 0
         b.has_future[0] = False
         seconds = time.perf_counter() - started

@@ -9,7 +9,9 @@
     load_weights              the model on the device
     init_fast_all_reduce      TP on CUDA: the one-/two-shot all-reduce kernels and their buffers
     size_kv_cache             pages of the KV cache (an explicit count, a token count on CPU, or
-                              what fits in the memory budget, the same on every rank)
+                              what fits in the memory budget, the same on every rank);
+                              size_kv_pools: the same split between the main pool and the
+                              sliding-window layers' pool (window_layout)
     make_kv_pool              the KV cache and the page table
     choose_backend            the attention backend(s) for prefill and decode steps
     make_sampler              the sampler (the same seed on every rank)
@@ -27,7 +29,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -193,14 +195,89 @@ def size_kv_cache(config: EngineConfig, mc: ModelConfig, kv_heads: int, page_siz
     return n
 
 
+@dataclass(frozen=True)
+class WindowLayout:
+    """Which layers keep their KV in the window pool, and the largest of their windows."""
+
+    layers: frozenset[int] = frozenset()
+    window: int = 0
+
+
+def window_layout(mc: ModelConfig, max_model_len: int) -> WindowLayout:
+    """The sliding-window layers whose window is shorter than the longest sequence served: only
+    those gain from a pool that drops KV outside the window (none: no window pool at all)."""
+    specs = model_class(mc.architecture).attention_layers(mc)
+    layers = frozenset(i for i, s in enumerate(specs)
+                       if s.window is not None and s.window < max_model_len)
+    return WindowLayout(layers, max((specs[i].window or 0) for i in layers) if layers else 0)
+
+
+def window_pages_wanted(config: EngineConfig, layout: WindowLayout, page_size: int) -> int:
+    """Window pages for every slot at once: each running request holds its window plus the
+    page boundary kept for prefix reuse and the page it writes (ceil(window / ps) + 2); one
+    step's prefill chunk adds its pages twice over (the chunk's own, and the ones the previous,
+    still running step may read after the scheduler dropped them) plus a straddled page per
+    slot. Doubled: the other half keeps dropped requests' last windows cached, so shared
+    prefixes and the next turn of a conversation keep hitting."""
+    chunk = config.max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS
+    per_slot = -(-layout.window // page_size) + 3
+    return 2 * (config.max_slots * per_slot + 2 * -(-chunk // page_size))
+
+
+def size_kv_pools(config: EngineConfig, mc: ModelConfig, kv_heads: int, page_size: int,
+                  kv_dtype: torch.dtype, device: torch.device, layout: WindowLayout,
+                  max_model_len: int, memory: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(main pool pages, window pool pages). Without windowed layers: size_kv_cache and 0.
+    Else the window pool gets `window_pages_wanted` (never more pages than the main pool: a
+    window page always sits next to a main one) and the main pool, which then holds only the
+    full-attention layers, the rest of the budget; a budget too small for both splits evenly
+    (as many window as main pages). A model of windowed layers only has no main-pool memory:
+    the budget is all window pool and the main pool is bookkeeping, a row per slot."""
+    if not layout.layers:
+        return size_kv_cache(config, mc, kv_heads, page_size, kv_dtype, device, memory), 0
+    full_layers = mc.num_layers - len(layout.layers)
+    want = window_pages_wanted(config, layout, page_size)
+    if config.num_pages is not None or (memory is None and device.type != "cuda"):
+        pages = size_kv_cache(config, mc, kv_heads, page_size, kv_dtype, device, memory)
+        return pages, min(pages, want)
+    full_b = KVPool.bytes_per_page(full_layers, page_size, kv_heads, mc.head_dim, kv_dtype)
+    win_b = KVPool.bytes_per_page(len(layout.layers), page_size, kv_heads, mc.head_dim, kv_dtype)
+    free, total = memory if memory is not None else torch.cuda.mem_get_info(device)
+    budget = kv_budget_bytes(free, total, config.mem_fraction)
+    if full_b == 0:
+        win = int(budget // win_b)
+        pages = max(win, config.max_slots * -(-max_model_len // page_size))
+    else:
+        win = want
+        pages = int((budget - win * win_b) // full_b)
+        if pages < win:
+            pages = win = int(budget // (full_b + win_b))
+    both = torch.tensor([pages, win], device=device)
+    if config.tp_size > 1:
+        torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MIN)
+    pages, win = (int(x) for x in both.tolist())
+    if win < 1:
+        raise RuntimeError(f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} "
+                           f"GiB); raise --mem-fraction or use more GPUs (TP)")
+    if win < want:
+        log.warning("the sliding-window KV pool has %d pages, fewer than the %d that let all "
+                    "%d slots run at once: requests will wait or be preempted", win, want // 2,
+                    config.max_slots)
+    return pages, win
+
+
 def make_kv_pool(config: EngineConfig, mc: ModelConfig, kv_heads: int, num_pages: int,
                  page_size: int, max_model_len: int, kv_dtype: torch.dtype,
-                 device: torch.device) -> KVPool:
-    """The KV cache, with a page-table row of ceil(max_model_len / page_size) for every slot."""
+                 device: torch.device, layout: WindowLayout | None = None,
+                 window_pages: int = 0) -> KVPool:
+    """The KV cache, with a page-table row of ceil(max_model_len / page_size) for every slot;
+    with `window_pages`, the layers of `layout` in a window pool of that many pages."""
     max_pages_per_seq = -(-max_model_len // page_size)
-    layout = model_class(mc.architecture).kv_layout(mc)
-    return KVPool(mc.num_layers, num_pages, page_size, kv_heads, layout.head_dim, kv_dtype,
-                  device, config.max_slots, max_pages_per_seq, v_dim=layout.v_dim)
+    kv = model_class(mc.architecture).kv_layout(mc)
+    layers = layout.layers if layout is not None and window_pages else frozenset()
+    return KVPool(mc.num_layers, num_pages, page_size, kv_heads, kv.head_dim, kv_dtype, device,
+                  config.max_slots, max_pages_per_seq, v_dim=kv.v_dim, window_layers=layers,
+                  window_pages=window_pages if layers else 0)
 
 
 def choose_backend(config: EngineConfig, mc: ModelConfig, heads: int, pool: KVPool,

@@ -16,7 +16,7 @@ _sym_db = _symbol_database.Default()
 from minisgl_core.proto.minisgl.v1 import common_pb2 as minisgl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17minisgl/v1/worker.proto\x12\nminisgl.v1\x1a\x17minisgl/v1/common.proto\"\xf8\x01\n\x0bRequestPlan\x12\x0b\n\x03rid\x18\x01 \x01(\x04\x12\x0c\n\x04slot\x18\x02 \x01(\x05\x12\x11\n\tcache_len\x18\x03 \x01(\x05\x12\x11\n\tinput_ids\x18\x04 \x03(\x05\x12\x13\n\x0bpage_offset\x18\x05 \x01(\x05\x12\x11\n\tnew_pages\x18\x06 \x03(\x05\x12\x0e\n\x06sample\x18\x07 \x01(\x08\x12,\n\x08sampling\x18\x08 \x01(\x0b\x32\x1a.minisgl.v1.SamplingParams\x12\x13\n\x0bhistory_ids\x18\t \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\n \x01(\x05\x12\x12\n\nrequest_id\x18\x0b \x01(\t\"\x82\x01\n\rDecodeEntries\x12\x0c\n\x04rids\x18\x01 \x03(\x04\x12\r\n\x05slots\x18\x02 \x03(\x05\x12\x12\n\ncache_lens\x18\x03 \x03(\x05\x12\x14\n\x0cpage_offsets\x18\x04 \x03(\x05\x12\x17\n\x0fnew_page_counts\x18\x05 \x03(\x05\x12\x11\n\tnew_pages\x18\x06 \x03(\x05\"\x8b\x01\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12)\n\x08requests\x18\x02 \x03(\x0b\x32\x17.minisgl.v1.RequestPlan\x12*\n\x07\x64\x65\x63odes\x18\x03 \x01(\x0b\x32\x19.minisgl.v1.DecodeEntries\x12\x14\n\x0ctraceparents\x18\x04 \x03(\t\"\xcd\x01\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0c\n\x04rids\x18\x02 \x03(\x04\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12-\n\x0ctop_logprobs\x18\x05 \x03(\x0b\x32\x17.minisgl.v1.TopLogprobs\x12\x12\n\nforward_ms\x18\x06 \x01(\x01\x12 \n\x05\x65rror\x18\x07 \x01(\x0b\x32\x11.minisgl.v1.Error\x12\x14\n\x0cworker_epoch\x18\x08 \x01(\x04\"\x16\n\x14GetWorkerInfoRequest\"\xbe\x02\n\x15GetWorkerInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x11\n\tnum_pages\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x11\n\tmax_slots\x18\x05 \x01(\x05\x12\x12\n\nvocab_size\x18\x06 \x01(\x05\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\x0f\n\x07tp_size\x18\x08 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\n \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\x0c \x01(\t\x12\r\n\x05\x65poch\x18\r \x01(\x04\x12\x1b\n\x13two_shot_max_tokens\x18\x0e \x01(\x05J\x04\x08\x0b\x10\x0cR\x10\x63olumnar_decodes2\x9d\x01\n\x06Worker\x12=\n\x04Step\x12\x17.minisgl.v1.StepRequest\x1a\x18.minisgl.v1.StepResponse(\x01\x30\x01\x12T\n\rGetWorkerInfo\x12 .minisgl.v1.GetWorkerInfoRequest\x1a!.minisgl.v1.GetWorkerInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17minisgl/v1/worker.proto\x12\nminisgl.v1\x1a\x17minisgl/v1/common.proto\"\x92\x02\n\x0bRequestPlan\x12\x0b\n\x03rid\x18\x01 \x01(\x04\x12\x0c\n\x04slot\x18\x02 \x01(\x05\x12\x11\n\tcache_len\x18\x03 \x01(\x05\x12\x11\n\tinput_ids\x18\x04 \x03(\x05\x12\x13\n\x0bpage_offset\x18\x05 \x01(\x05\x12\x11\n\tnew_pages\x18\x06 \x03(\x05\x12\x0e\n\x06sample\x18\x07 \x01(\x08\x12,\n\x08sampling\x18\x08 \x01(\x0b\x32\x1a.minisgl.v1.SamplingParams\x12\x13\n\x0bhistory_ids\x18\t \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\n \x01(\x05\x12\x12\n\nrequest_id\x18\x0b \x01(\t\x12\x18\n\x10new_window_pages\x18\x0c \x03(\x05\"\x9c\x01\n\rDecodeEntries\x12\x0c\n\x04rids\x18\x01 \x03(\x04\x12\r\n\x05slots\x18\x02 \x03(\x05\x12\x12\n\ncache_lens\x18\x03 \x03(\x05\x12\x14\n\x0cpage_offsets\x18\x04 \x03(\x05\x12\x17\n\x0fnew_page_counts\x18\x05 \x03(\x05\x12\x11\n\tnew_pages\x18\x06 \x03(\x05\x12\x18\n\x10new_window_pages\x18\x07 \x03(\x05\"\x8b\x01\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12)\n\x08requests\x18\x02 \x03(\x0b\x32\x17.minisgl.v1.RequestPlan\x12*\n\x07\x64\x65\x63odes\x18\x03 \x01(\x0b\x32\x19.minisgl.v1.DecodeEntries\x12\x14\n\x0ctraceparents\x18\x04 \x03(\t\"\xcd\x01\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0c\n\x04rids\x18\x02 \x03(\x04\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12-\n\x0ctop_logprobs\x18\x05 \x03(\x0b\x32\x17.minisgl.v1.TopLogprobs\x12\x12\n\nforward_ms\x18\x06 \x01(\x01\x12 \n\x05\x65rror\x18\x07 \x01(\x0b\x32\x11.minisgl.v1.Error\x12\x14\n\x0cworker_epoch\x18\x08 \x01(\x04\"\x16\n\x14GetWorkerInfoRequest\"\xe4\x02\n\x15GetWorkerInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x11\n\tnum_pages\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x11\n\tmax_slots\x18\x05 \x01(\x05\x12\x12\n\nvocab_size\x18\x06 \x01(\x05\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\x0f\n\x07tp_size\x18\x08 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\n \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\x0c \x01(\t\x12\r\n\x05\x65poch\x18\r \x01(\x04\x12\x1b\n\x13two_shot_max_tokens\x18\x0e \x01(\x05\x12\x14\n\x0cwindow_pages\x18\x0f \x01(\x05\x12\x0e\n\x06window\x18\x10 \x01(\x05J\x04\x08\x0b\x10\x0cR\x10\x63olumnar_decodes2\x9d\x01\n\x06Worker\x12=\n\x04Step\x12\x17.minisgl.v1.StepRequest\x1a\x18.minisgl.v1.StepResponse(\x01\x30\x01\x12T\n\rGetWorkerInfo\x12 .minisgl.v1.GetWorkerInfoRequest\x1a!.minisgl.v1.GetWorkerInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -24,17 +24,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'minisgl.v1.worker_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REQUESTPLAN']._serialized_start=65
-  _globals['_REQUESTPLAN']._serialized_end=313
-  _globals['_DECODEENTRIES']._serialized_start=316
-  _globals['_DECODEENTRIES']._serialized_end=446
-  _globals['_STEPREQUEST']._serialized_start=449
-  _globals['_STEPREQUEST']._serialized_end=588
-  _globals['_STEPRESPONSE']._serialized_start=591
-  _globals['_STEPRESPONSE']._serialized_end=796
-  _globals['_GETWORKERINFOREQUEST']._serialized_start=798
-  _globals['_GETWORKERINFOREQUEST']._serialized_end=820
-  _globals['_GETWORKERINFORESPONSE']._serialized_start=823
-  _globals['_GETWORKERINFORESPONSE']._serialized_end=1141
-  _globals['_WORKER']._serialized_start=1144
-  _globals['_WORKER']._serialized_end=1301
+  _globals['_REQUESTPLAN']._serialized_end=339
+  _globals['_DECODEENTRIES']._serialized_start=342
+  _globals['_DECODEENTRIES']._serialized_end=498
+  _globals['_STEPREQUEST']._serialized_start=501
+  _globals['_STEPREQUEST']._serialized_end=640
+  _globals['_STEPRESPONSE']._serialized_start=643
+  _globals['_STEPRESPONSE']._serialized_end=848
+  _globals['_GETWORKERINFOREQUEST']._serialized_start=850
+  _globals['_GETWORKERINFOREQUEST']._serialized_end=872
+  _globals['_GETWORKERINFORESPONSE']._serialized_start=875
+  _globals['_GETWORKERINFORESPONSE']._serialized_end=1231
+  _globals['_WORKER']._serialized_start=1234
+  _globals['_WORKER']._serialized_end=1391
 # @@protoc_insertion_point(module_scope)
