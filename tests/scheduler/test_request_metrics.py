@@ -87,3 +87,56 @@ def test_a_refused_submit_counts_as_an_error_and_a_forgotten_one_not_at_all() ->
     clock.forget(2)  # its connection went away
     clock.event(TokenEvent(2, token_ids=[5]))
     assert "ttft" not in m.series and "generation_tokens" not in m.series
+
+
+class _LoopMetrics(Metrics):
+    """What the serving loop also calls: the per-iteration gauges."""
+
+    def update(self, stats: object) -> None:
+        pass
+
+
+def test_a_failed_loop_iteration_releases_the_clocks_of_the_requests_it_fails() -> None:
+    """A bug in the step path fails every request in flight (never a hang); their clocks must go
+    with them, as a finished request's do, or each such failure leaks one entry per request."""
+    from minisgl_scheduler.commands import Batch, Submit
+    from minisgl_scheduler.connection import Conn
+    from minisgl_scheduler.loop import SchedulerLoop
+
+    sched = Scheduler(FakeExecutor(num_pages=64, page_size=4, max_slots=8, max_model_len=256))
+    m = _LoopMetrics()
+    loop = SchedulerLoop(sched, m)  # type: ignore[arg-type]  # duck-typed series
+    clock = loop.clock
+    assert clock is not None
+    real_step, failures = sched.step, [0]
+
+    def step() -> list[TokenEvent]:
+        if not failures[0]:
+            failures[0] += 1
+            raise RuntimeError("a bug in the step path")
+        return real_step()
+
+    sched.step = step  # type: ignore[method-assign]
+    conn = Conn(1)
+    loop.start()
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        loop.put(Batch(conn, submits=(Submit(1, [1, 2, 3], params), Submit(2, [4, 5], params))))
+        finals = {}
+        while len(finals) < 2:
+            reply = conn.outbox.get(timeout=10)
+            assert reply is not None
+            finals.update({u.rid: u for u in reply.updates if u.finish_reason})
+        assert {u.error.message for u in finals.values()} == {"internal scheduler error"}
+        assert loop.call(lambda: (dict(clock._live), set(clock._unscheduled))) == ({}, set())
+        assert m.by_reason["error"].values == [1.0, 1.0]
+        # The loop carries on: the next request is served and its clock released as usual.
+        loop.put(Batch(conn, submits=(Submit(3, [1, 2, 3], params),)))
+        while 3 not in finals:
+            reply = conn.outbox.get(timeout=10)
+            assert reply is not None
+            finals.update({u.rid: u for u in reply.updates if u.finish_reason})
+        assert not finals[3].error.message
+        assert loop.call(lambda: dict(clock._live)) == {}
+    finally:
+        loop.stop()

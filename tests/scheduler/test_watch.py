@@ -134,7 +134,7 @@ class FakeLoop:
     def watch(self, interval: float, resume_after: int = 0
               ) -> tuple[queue.Queue[tuple[float, scheduler_pb2.WatchResponse]], threading.Thread]:
         """Run a stream on its own thread (a gRPC thread's stand-in); its messages, timestamped."""
-        stream = WatchStream(self.events, self.changes, self.call, None, lambda: self.stats,
+        stream = WatchStream(self.events, self.changes, self.call, lambda: None, lambda: self.stats,
                              lambda s: scheduler_pb2.EngineLoad(running_requests=s.running,
                                                                 waiting_requests=s.waiting))
         got: queue.Queue[tuple[float, scheduler_pb2.WatchResponse]] = queue.Queue()

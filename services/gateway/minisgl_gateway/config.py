@@ -77,8 +77,9 @@ class Routing:
         "same engine while it is not overloaded")
     # mid-stream migration (upstream/migration.py)
     migration_attempts: int = flag(
-        2, "times a sequence whose engine is lost after its first tokens moves to another "
-        "engine (or the same one once back), continuing its stream; 0: it fails instead. "
+        2, "times in a row a sequence whose engine is lost after its first tokens moves to "
+        "another engine (or the same one once back), continuing its stream, without a new "
+        "token in between (a move after progress starts the count over); 0: it fails instead. "
         "Sampled requests without a seed get one from the gateway so that they resume "
         "identically")
     migration_wait: float = flag(

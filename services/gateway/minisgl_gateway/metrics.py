@@ -91,4 +91,4 @@ MIGRATIONS = counter("gateway_migrations_total", "sequences with tokens whose en
                      "outcome (resumed: continued on an engine; failed: no engine took it within "
                      "--migration-wait or --migration-attempts were used up)", ("outcome",))
 ENGINE_UP = gauge("gateway_engine_up", "1 while the engine takes new requests from this gateway "
-                  "(stream open, not draining)", ("engine",))
+                  "(stream open, not draining, its worker up)", ("engine",))

@@ -4,7 +4,9 @@ gRPC threads never touch the scheduler: they put commands (commands.py) in the i
 loop drains before each step. After each step every connection gets one ConnectResponse holding
 all of its TokenUpdates, the prefix-cache events of the iteration become one batch, and the load
 snapshot that GetLoad and Watch read is replaced. Client rids are per connection; the loop maps
-them to unique scheduler rids.
+them to unique scheduler rids. While there is nothing to do, the loop asks every `PROBE_S` whether
+the worker is there (`Scheduler.probe_worker`), so that a worker that died or came back while the
+engine was idle shows in the load reports routers read.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from minisgl_scheduler.watch import Changes
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+PROBE_S = 0.5  # between worker checks while idle (free while a healthy step stream is open)
 _Out = dict[Conn, list[scheduler_pb2.TokenUpdate]]  # token updates per connection, one pass
 
 
@@ -47,12 +50,12 @@ class SchedulerLoop:
         self.stats = scheduler.stats()  # the latest snapshot, replaced after each iteration
         self.changes = Changes()  # told when Watch streams have something to look at
         self.events = PrefixEventLog(scheduler.info.page_size, on_batch=self.changes.notify)
-        if scheduler.kv.cache is not None:
-            scheduler.kv.cache.listener = self.events
+        scheduler.cache_listener = self.events  # also the cache of a restarted worker
         self._inbox: queue.Queue[Command] = queue.Queue()
         self._owners: dict[int, Owner] = {}  # scheduler rid -> who asked (loop thread only)
         self._conns: set[Conn] = set()
         self._rids = itertools.count(1)
+        self._next_probe = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduler-loop", daemon=True)
 
@@ -110,6 +113,10 @@ class SchedulerLoop:
                         self.clock.after_step(t1)
                     for ev in events:
                         self._route(ev, out)
+                elif (now := time.monotonic()) >= self._next_probe:
+                    self._next_probe = now + PROBE_S
+                    for ev in self.sched.probe_worker():
+                        self._route(ev, out)
             except Exception:  # a bug: fail what is in flight rather than hang the clients
                 log.exception("scheduler loop iteration failed")
                 self._fail_all(out)
@@ -121,7 +128,8 @@ class SchedulerLoop:
                 self._end(conn)
             self.events.flush()
             before, self.stats = self.stats, self.sched.stats()
-            if (before.running, before.waiting) != (self.stats.running, self.stats.waiting):
+            if ((before.running, before.waiting, before.worker_down)
+                    != (self.stats.running, self.stats.waiting, self.stats.worker_down)):
                 self.changes.notify()  # Watch streams report the new load
             if self.metrics:
                 self.metrics.update(self.stats)
@@ -235,7 +243,10 @@ class SchedulerLoop:
 
     def _fail_all(self, out: _Out) -> None:
         error = SchedulerError("internal scheduler error")
+        now = time.monotonic()
         for rid, owner in list(self._owners.items()):
+            if self.clock:  # they end here: no event of theirs will reach `_route`
+                self.clock.finished(rid, FinishReason.ERROR, now)
             out[owner.conn].append(scheduler_pb2.TokenUpdate(
                 rid=owner.client_rid, finish_reason=FINISH_TO_PROTO[FinishReason.ERROR],
                 error=error_to_proto(error)))

@@ -20,7 +20,9 @@ tenants (the gateway's hash of the API key) are admitted in turn (admission.wait
 
 Pages, slots and the prefix cache describe the KV of one worker process. When another process
 answers (a restarted worker, `StepExecutor.check_worker`), all of it is dropped: running requests
-fail with a clear error, waiting ones start from scratch on the new worker.
+fail with a clear error, waiting ones start from scratch on the new worker. `worker_up` says
+whether the worker answered last time it was asked (routers skip an engine whose worker is down);
+`probe_worker` asks again between iterations while the loop is idle.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from minisgl_scheduler.errors import (
 from minisgl_scheduler.kv import KVManager, pages_for
 from minisgl_scheduler.launched import LaunchedStep, check_output
 from minisgl_scheduler.pacing import PrefillPacer, attention_pairs, resolve_target
+from minisgl_scheduler.radix import CacheListener
 from minisgl_scheduler.request import FinishReason, Phase, Request, TokenEvent, take_token
 from minisgl_scheduler.request_trace import RequestTraces
 from minisgl_scheduler.stats import SchedulerStats
@@ -65,6 +68,12 @@ class Scheduler:
         self.config = config = config or SchedulerConfig()
         config.validate()
         self.executor = executor
+        # Told of every page the prefix cache stores or drops, across worker restarts (each new
+        # worker process gets a new cache, which must report to the same listener).
+        self._cache_listener: CacheListener | None = None
+        # The worker answered the last check or step (False from a broken step stream or an
+        # unreachable worker until it answers again).
+        self.worker_up = True
         self._adopt(executor.info())
         self.reqs: dict[int, Request] = {}  # live (not ended) requests by rid
         self.waiting: list[Request] = []  # sorted by arrival
@@ -90,6 +99,8 @@ class Scheduler:
         self.page_size = info.page_size
         self.kv = KVManager(info.num_pages, info.page_size, use_cache=self.config.cache == "radix",
                             window_pages=info.window_pages, window=info.window)
+        if self.kv.cache is not None:
+            self.kv.cache.listener = self._cache_listener
         self.max_running = min(self.config.max_running_requests, info.max_slots)
         self.eos_ids = frozenset(info.eos_token_ids)
         self._free_slots = list(range(info.max_slots))  # a heap: lowest slot first
@@ -105,6 +116,18 @@ class Scheduler:
                 self.config.max_prefill_tokens)
 
     # -- public API ----------------------------------------------------------------------------
+
+    @property
+    def cache_listener(self) -> CacheListener | None:
+        return self._cache_listener
+
+    @cache_listener.setter
+    def cache_listener(self, listener: CacheListener | None) -> None:
+        """Who hears of prefix-cache changes (the Watch event log): this cache and every one a
+        restarted worker brings."""
+        self._cache_listener = listener
+        if self.kv.cache is not None:
+            self.kv.cache.listener = listener
 
     def submit(self, rid: int, input_ids: list[int], params: SamplingParams,
                cache_salt: str = "", num_prompt_tokens: int = 0, priority: int = 0,
@@ -152,6 +175,7 @@ class Scheduler:
         except WorkerFailed as exc:
             self._worker_down(exc)
             return self._take_events()
+        self.worker_up = True
         if info is not None:
             self._worker_replaced(info)
         launched = self._plan()
@@ -164,6 +188,24 @@ class Scheduler:
             self._collect()
         return self._take_events()
 
+    def probe_worker(self) -> list[TokenEvent]:
+        """Between iterations with nothing to do: is the worker (still, again) there? Updates
+        `worker_up` (a restarted worker is adopted at once). Costs nothing while a healthy step
+        stream is open; one GetWorkerInfo otherwise."""
+        try:
+            info = self.executor.check_worker()
+        except WorkerFailed as exc:
+            if self.worker_up:
+                log.warning("%s", exc)
+            self._worker_down(exc)
+            return self._take_events()
+        if not self.worker_up:
+            log.info("the worker answers again")
+        self.worker_up = True
+        if info is not None:
+            self._worker_replaced(info)
+        return self._take_events()
+
     def _take_events(self) -> list[TokenEvent]:
         events = list(self._events.values())
         self._events.clear()
@@ -171,7 +213,7 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats.of(len(self.running), len(self.waiting), len(self.inflight),
-                                 self.kv, self._counters)
+                                 self.kv, self._counters, worker_down=not self.worker_up)
 
     def check_invariants(self) -> None:
         """Page accounting and ref counts (tests; cheap enough for a debug flag)."""
@@ -405,6 +447,8 @@ class Scheduler:
         """A failed step leaves the worker's slots and KV suspect: fail everything running."""
         log.error("step %d failed: %s", step.plan.step_id, exc)
         error = exc if isinstance(exc, SchedulerError) else WorkerFailed(f"the worker failed: {exc}")
+        if isinstance(error, WorkerFailed):
+            self.worker_up = False  # until the next check finds it answering
         self._poisoned = True
         self._poison_until = self._next_step - 1  # the last step launched so far
         self._step_done(step)
@@ -422,6 +466,7 @@ class Scheduler:
 
     def _worker_down(self, exc: WorkerFailed) -> None:
         """The worker cannot be reached: fail everything that waits for it now (no hang)."""
+        self.worker_up = False
         self._drain()  # steps on the broken stream fail at once
         for req in self.running + self.waiting:
             self._finish(req, FinishReason.ERROR, exc)
@@ -439,6 +484,9 @@ class Scheduler:
             req.kv_valid = False
             self._finish(req, FinishReason.ERROR, error)
         assert not self.inflight and not self._zombies
+        # Nothing holds the old cache now: evicting it tells the listener (the Watch streams)
+        # that those pages are gone, before the new, empty cache takes over.
+        self.kv.drop_cache()
         self._poisoned = False
         self._adopt(info)
 

@@ -110,7 +110,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         loop = self.loop
         # A stream the client ended wakes at once to let go of its thread and subscription.
         context.add_callback(loop.changes.notify)
-        stream = WatchStream(loop.events, loop.changes, loop.call, self.sched.kv.cache,
+        sched = self.sched
+        stream = WatchStream(loop.events, loop.changes, loop.call, lambda: sched.kv.cache,
                              lambda: loop.stats, self._load)
         yield from stream.run(request, lambda: context.is_active() and not loop.stopped)
 
@@ -118,7 +119,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.EngineLoad(
             running_requests=s.running, waiting_requests=s.waiting, used_pages=s.used_pages,
             total_pages=s.total_pages, cached_pages=s.cached_pages, draining=self.loop.draining,
-            max_running_requests=self.sched.max_running, watchers=self.loop.events.subscribers)
+            max_running_requests=self.sched.max_running, watchers=self.loop.events.subscribers,
+            worker_down=s.worker_down)
 
 
 def _batch(conn: Conn, msg: scheduler_pb2.ConnectRequest, default_max_tokens: int) -> Batch:

@@ -25,6 +25,7 @@ class SchedulerStats:
     decode_tokens: int
     steps: int
     finished: int  # requests that ended, any reason
+    worker_down: bool = False  # the worker did not answer the last step or check
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -36,7 +37,7 @@ class SchedulerStats:
 
     @classmethod
     def of(cls, running: int, waiting: int, inflight_steps: int, kv: KVManager,
-           counters: dict[str, int]) -> SchedulerStats:
+           counters: dict[str, int], worker_down: bool = False) -> SchedulerStats:
         """From the scheduler's queues, its KV manager and its counters."""
         c = counters
         return cls(running=running, waiting=waiting, inflight_steps=inflight_steps,
@@ -45,4 +46,5 @@ class SchedulerStats:
                    used_pages=kv.num_pages - kv.free_pages - kv.cached_pages,
                    prefix_hit_tokens=c["hit"], prefix_query_tokens=c["query"],
                    preemptions=c["preempt"], prefill_tokens=c["prefill"],
-                   decode_tokens=c["decode"], steps=c["steps"], finished=c["done"])
+                   decode_tokens=c["decode"], steps=c["steps"], finished=c["done"],
+                   worker_down=worker_down)

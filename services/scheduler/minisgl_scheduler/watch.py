@@ -34,7 +34,9 @@ MIN_LOAD_INTERVAL_S = 0.02
 LOAD_CHANGE_GAP_S = 0.01
 
 T = TypeVar("T")
-Counts = tuple[int, int]  # (running, waiting): what a load change is
+# (running, waiting, worker down): what a load change is. A worker that dies or comes back is
+# reported as soon as a new count would be: routers must stop (or resume) sending at once.
+Counts = tuple[int, ...]
 
 
 class OnLoop(Protocol):
@@ -113,7 +115,8 @@ class WatchStream:
     events: PrefixEventLog
     changes: Changes
     on_loop: OnLoop
-    cache: RadixCache | None
+    # The prefix cache now: a restarted worker comes with a new one (a stream outlives it).
+    cache: Callable[[], RadixCache | None]
     stats: Callable[[], SchedulerStats]  # the loop's latest snapshot
     load: Callable[[SchedulerStats], scheduler_pb2.EngineLoad]
     clock: Callable[[], float] = time.monotonic
@@ -123,7 +126,7 @@ class WatchStream:
         events, changes, cache = self.events, self.changes, self.cache
         page_size = events.page_size
         seen = changes.count
-        sub = self.on_loop(lambda: events.subscribe(request.resume_after, cache))
+        sub = self.on_loop(lambda: events.subscribe(request.resume_after, cache()))
         try:
             cursor = sub.cursor
             if sub.snapshot is not None:
@@ -133,10 +136,10 @@ class WatchStream:
             reports = LoadSchedule.asked(request.load_interval_s, self.clock())
             while alive():
                 s = self.stats()
-                seen = changes.wait(seen, reports.due((s.running, s.waiting)) - self.clock())
+                seen = changes.wait(seen, reports.due(_counts(s)) - self.clock())
                 batches = events.since(cursor, 0.0)
                 if batches is None:  # fell out of the ring: start over from the whole tree
-                    cursor, hashes = self.on_loop(lambda: events.snapshot(cache))
+                    cursor, hashes = self.on_loop(lambda: events.snapshot(cache()))
                     yield scheduler_pb2.WatchResponse(seq=cursor, snapshot=True, stored=hashes,
                                                       page_size=page_size)
                     continue
@@ -145,8 +148,12 @@ class WatchStream:
                     yield scheduler_pb2.WatchResponse(seq=cursor, stored=batch.stored,
                                                       removed=batch.removed, page_size=page_size)
                 s = self.stats()
-                if reports.take((s.running, s.waiting), self.clock()):
+                if reports.take(_counts(s), self.clock()):
                     yield scheduler_pb2.WatchResponse(seq=cursor, load=self.load(s),
                                                       page_size=page_size)
         finally:
             events.unsubscribe()
+
+
+def _counts(s: SchedulerStats) -> Counts:
+    return s.running, s.waiting, int(s.worker_down)

@@ -5,6 +5,13 @@ The index is exact (the scheduler's own radix tree, as page hashes). Between a r
 and the scheduler caching its prefix, the prefix is "predicted" here for a few seconds, so that a
 burst of requests sharing a new system prompt goes to one engine rather than to whichever was
 least loaded when each arrived (SMG's approximate tree and Dynamo's active blocks do the same).
+
+An engine whose scheduler is up but whose worker is not (died, restarting) is not usable: its
+scheduler says so in its load reports (`worker_down`), and this gateway holds it back on its own for
+`WORKER_HOLD_S` after a stream failed there for that reason, since the report that says so may come
+a moment after the failure (Watch and Connect are separate streams). Otherwise it would look like
+the least loaded engine of all (its requests just failed) and draw every new and migrated stream,
+each failing at once.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from minisgl_core.proto.minisgl.v1 import scheduler_pb2
 
 PREDICT_TTL_S = 5.0  # longer than any engine takes to report a prefill it admitted
 MAX_PREDICTED = 1 << 18  # hashes; past it the oldest predictions are dropped
+WORKER_HOLD_S = 1.0  # ten load reports: the scheduler has said by then whether its worker is gone
 
 
 @dataclass
@@ -32,6 +40,7 @@ class EngineView:
     up: bool = False  # its Connect stream is open
     health_draining: bool = False  # health said NOT_SERVING while the stream is open
     retired: bool = False  # discovery no longer lists it
+    held_until: float = 0.0  # monotonic: a stream failed here for a lost worker (hold_worker)
 
     # -- Watch stream ------------------------------------------------------------------------
 
@@ -60,8 +69,19 @@ class EngineView:
         return self.load.draining or self.health_draining
 
     @property
+    def worker_down(self) -> bool:
+        if self.load.worker_down:
+            return True
+        return bool(self.held_until) and time.monotonic() < self.held_until
+
+    @property
     def usable(self) -> bool:
-        return self.up and not self.draining and not self.retired
+        return self.up and not self.draining and not self.retired and not self.worker_down
+
+    def hold_worker(self, now: float | None = None) -> None:
+        """A sequence failed here because the worker is gone: route around the engine for a
+        moment, until its own reports can be trusted to say whether the worker is back."""
+        self.held_until = (time.monotonic() if now is None else now) + WORKER_HOLD_S
 
     @property
     def score(self) -> float:

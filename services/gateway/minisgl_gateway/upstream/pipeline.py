@@ -12,7 +12,9 @@ When an engine's stream breaks, its sequences that have not produced a token yet
 once more to another engine (also when a draining engine refuses them). Those with tokens are
 migrated (migration.py): resubmitted with their outputs so far to another engine, or parked until
 one takes them (the same engine once it is back), up to the policy's attempts and wait; past
-those they get an error event. Nothing waits forever.
+those they get an error event. Nothing waits forever. An engine whose worker is down takes
+nothing (engine_view.EngineView.worker_down): parked sequences wait for its worker, or another
+engine, rather than bounce off it.
 """
 
 from __future__ import annotations
@@ -175,6 +177,10 @@ class Pipeline:
         failed = seq.link
         if seq.retried or seq.done or seq.detok_started:
             return False
+        if update is not None and failed is not None and _worker_lost(update):
+            link = self.links.get(failed.address)
+            if link is not None:
+                link.view.hold_worker()
         seq.retried = True
         if not self._route(seq, exclude=failed, reason="retry"):
             return False
@@ -188,10 +194,20 @@ class Pipeline:
         policy = self.migration
         if not policy.enabled or seq.done or not seq.detok_started:
             return False
+        # The attempts bound moves that got nowhere: a stream that no engine can carry on (one
+        # that kills each worker it reaches at the same token, engines that fail it at once)
+        # must not bounce forever. A stream that produced tokens since its last move lost its
+        # engine to something else, so the count starts over. That stays bounded too: every
+        # such move is paid for by at least one new token, and max_tokens caps those.
+        if len(seq.outputs) > seq.moved_at:
+            seq.migrations = 0
         if seq.migrations >= policy.attempts:
             metrics.MIGRATIONS.labels("failed").inc()
+            log.warning("rid %d: no token since its last move and %d moves in a row; failing it",
+                        seq.rid, seq.migrations)
             return False
         seq.migrations += 1
+        seq.moved_at = len(seq.outputs)
         seq.link = None
         if not self._resume(seq, exclude=failed):
             self.parked[seq.rid] = (seq, time.monotonic() + policy.wait_s, error)
@@ -201,6 +217,7 @@ class Pipeline:
                         update: scheduler_pb2.TokenUpdate) -> bool:
         """The engine ended `seq` with UNAVAILABLE after its first tokens: its stream is up but
         its worker is gone (or restarted and lost the KV). Move it like a lost stream's."""
+        link.view.hold_worker()
         return self._migrate(seq, link, from_upstream(update.error, self._retry_after))
 
     def _resume(self, seq: Sequence, exclude: Upstream | None) -> bool:
@@ -313,3 +330,8 @@ class Pipeline:
             log.warning("forgetting rid %d: no final update %.0fs after its abort",
                         rid, ORPHAN_TIMEOUT_S)
             del link.live[rid]
+
+
+def _worker_lost(update: scheduler_pb2.TokenUpdate) -> bool:
+    """An engine refused or failed a sequence because its worker is gone (or draining)."""
+    return bool(update.error.code == common_pb2.ERROR_CODE_UNAVAILABLE)

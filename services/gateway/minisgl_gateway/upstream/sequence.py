@@ -100,7 +100,10 @@ class Sequence:
     retried: bool = False  # moved to another engine once already
     # Every token sent to the detokenizer, in order: what a migrated sequence resumes after.
     outputs: list[int] = field(default_factory=list)
-    migrations: int = 0  # times it moved to another engine after its first tokens
+    # Moves to another engine after its first tokens in a row without a new token in between
+    # (what --migration-attempts bounds; see Pipeline._migrate), and len(outputs) at the last.
+    migrations: int = 0
+    moved_at: int = 0
     # Its engine was lost after its first tokens went to the detokenizer: it ends with this error
     # once the detokenizer has answered for it, so the tokens from before the loss come first.
     lost: ApiError | None = None

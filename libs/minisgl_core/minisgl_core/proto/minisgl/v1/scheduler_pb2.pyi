@@ -129,7 +129,7 @@ class WatchRequest(_message.Message):
     def __init__(self, resume_after: _Optional[int] = ..., load_interval_s: _Optional[float] = ...) -> None: ...
 
 class EngineLoad(_message.Message):
-    __slots__ = ("running_requests", "waiting_requests", "used_pages", "total_pages", "cached_pages", "draining", "max_running_requests", "watchers")
+    __slots__ = ("running_requests", "waiting_requests", "used_pages", "total_pages", "cached_pages", "draining", "max_running_requests", "watchers", "worker_down")
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     USED_PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class EngineLoad(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WATCHERS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_DOWN_FIELD_NUMBER: _ClassVar[int]
     running_requests: int
     waiting_requests: int
     used_pages: int
@@ -146,7 +147,8 @@ class EngineLoad(_message.Message):
     draining: bool
     max_running_requests: int
     watchers: int
-    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., used_pages: _Optional[int] = ..., total_pages: _Optional[int] = ..., cached_pages: _Optional[int] = ..., draining: bool = ..., max_running_requests: _Optional[int] = ..., watchers: _Optional[int] = ...) -> None: ...
+    worker_down: bool
+    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., used_pages: _Optional[int] = ..., total_pages: _Optional[int] = ..., cached_pages: _Optional[int] = ..., draining: bool = ..., max_running_requests: _Optional[int] = ..., watchers: _Optional[int] = ..., worker_down: bool = ...) -> None: ...
 
 class WatchResponse(_message.Message):
     __slots__ = ("seq", "snapshot", "stored", "removed", "load", "page_size")
