@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from worker.driver import run_requests
+from worker.driver import run_requests, with_window_pages
 
 PAGE = 4
 NEW = 12
@@ -73,7 +73,7 @@ def check_one(path: Path, backend: str, dtype: str, ref: dict, device: str = "cu
             n = -(-len(p) // PAGE)
             reqs.append(ReqPlan(i, i, 0, p, 0, list(range(page, page + n)), sample=False))
             page += n
-        logits = engine.forward_logits(StepPlan(0, reqs)).float().cpu()
+        logits = engine.forward_logits(with_window_pages(engine, StepPlan(0, reqs))).float().cpu()
         want = torch.cat(ref["logits"])
         per_token = (logits - want).abs().amax(-1) / want.abs().max()
         rec["logit_err"] = per_token.max().item()

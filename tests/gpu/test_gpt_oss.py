@@ -78,10 +78,11 @@ def test_triton_fp8_experts_with_biases_and_clamp(t: int) -> None:
 
 
 def test_tiny_gpt_oss_engine_on_cuda_matches_hf(tmp_path) -> None:  # noqa: ANN001
-    """fp32 on CUDA (Triton experts, the torch attention backend with sinks and windows):
+    """fp32 on CUDA (Triton experts; "auto" attention, the triton backend with sinks and windows):
     a prompt in two chunks then 32 decode steps, every position's logits against HF's (CPU)."""
     from minisgl_core.step import ReqPlan, StepPlan
     from minisgl_worker.engine import Engine, EngineConfig
+    from worker.driver import with_window_pages
     from worker.tiny_models import VOCAB, build_hf_model, save_tiny
 
     path = save_tiny("gpt_oss", tmp_path / "tiny")
@@ -97,7 +98,8 @@ def test_tiny_gpt_oss_engine_on_cuda_matches_hf(tmp_path) -> None:  # noqa: ANN0
         for step, (lo, hi) in enumerate(chunks):
             req = ReqPlan(rid=0, slot=0, cache_len=lo, input_ids=seq[lo:hi],
                           new_pages=pages if step == 0 else [], sample=False)
-            ours = engine.forward_logits(StepPlan(step, [req])).float().cpu()
+            ours = engine.forward_logits(with_window_pages(engine, StepPlan(step, [req])))
+            ours = ours.float().cpu()
             torch.testing.assert_close(ours, ref[lo:hi], atol=5e-4, rtol=1e-3)
     finally:
         engine.close()

@@ -15,6 +15,20 @@ from minisgl_core.step import ReqPlan, StepExecutor, StepPlan
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20)
 
 
+def with_window_pages(engine: object, plan: StepPlan) -> StepPlan:
+    """`plan` for an engine with a sliding-window pool (`engine.window_pages` > 0): every new
+    page gets the window page of the same id, and none is ever dropped, so the windowed layers'
+    table equals the main one (the pool must have as many pages as the plans use). Tests that
+    hand-build plans for windowed models send these; dropping pages is the scheduler's job
+    (tests/worker/test_window_pool.py)."""
+    if not getattr(engine, "window_pages", 0):
+        return plan
+    for r in plan.reqs:
+        r.new_window_pages = list(r.new_pages)
+    plan.decodes.new_window_pages = list(plan.decodes.new_pages)
+    return plan
+
+
 @dataclass
 class _Req:
     rid: int
@@ -79,7 +93,7 @@ def run_requests(engine: StepExecutor, prompts: list[list[int]], max_new: int,
                 decodes.append((r, sample))
             r.fed += len(ids)
             r.launched += int(sample)
-        engine.launch(plan)
+        engine.launch(with_window_pages(engine, plan))
         pending.append(decodes + chunks)  # the step's rows: decodes first
         step_id += 1
         while len(pending) > (1 if overlap else 0):

@@ -16,6 +16,7 @@ from minisgl_worker.engine import Engine, EngineConfig
 from minisgl_worker.model_config import ModelConfig
 from safetensors.torch import load_file, save_file
 
+from .driver import with_window_pages
 from .test_models import PROMPTS
 from .tiny_models import GEMMA3
 
@@ -39,7 +40,8 @@ def _logits(path: Path, prompt: list[int]) -> torch.Tensor:
     engine = Engine(EngineConfig(model_path=str(path), page_size=4, num_pages=64, max_slots=4))
     try:
         pages = list(range(-(-len(prompt) // 4)))
-        return engine.forward_logits(StepPlan(0, [ReqPlan(0, 0, 0, prompt, 0, pages)]))
+        return engine.forward_logits(with_window_pages(
+            engine, StepPlan(0, [ReqPlan(0, 0, 0, prompt, 0, pages)])))
     finally:
         engine.close()
 

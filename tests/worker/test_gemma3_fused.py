@@ -14,6 +14,7 @@ from minisgl_core.step import ReqPlan, StepPlan  # noqa: E402
 from minisgl_worker.engine import Engine, EngineConfig  # noqa: E402
 from minisgl_worker.kernels import fused_ops  # noqa: E402
 
+from .driver import with_window_pages  # noqa: E402
 from .test_models import PROMPTS, VOCAB  # noqa: E402
 from .tiny_models import build_hf_model  # noqa: E402
 
@@ -32,6 +33,11 @@ def test_fused_layers_match_hf_with_a_rotary_per_layer_kind(tiny_model, monkeypa
         real(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(fused_ops, "qk_norm_rope_store_", spy)
+    # No window pool: with one the backend stores K/V itself (two page tables) and the fused
+    # prologue is off; windows are still masked by the attention.
+    from minisgl_worker.engine import runner, startup
+
+    monkeypatch.setattr(runner, "window_layout", lambda *a: startup.WindowLayout())
     engine = Engine(EngineConfig(model_path=str(path), page_size=4, num_pages=16, max_slots=2,
                                  attention_backend="torch"))
     try:
@@ -43,7 +49,7 @@ def test_fused_layers_match_hf_with_a_rotary_per_layer_kind(tiny_model, monkeypa
             cos_seen.clear()
             req = ReqPlan(rid=0, slot=0, cache_len=lo, input_ids=seq[lo:hi],
                           new_pages=[0, 1, 2, 3] if step == 0 else [], sample=False)
-            ours = engine.forward_logits(StepPlan(step, [req]))
+            ours = engine.forward_logits(with_window_pages(engine, StepPlan(step, [req])))
             assert cos_seen == [local, local, full]  # layer types: sliding, sliding, full
             torch.testing.assert_close(ours, ref[lo:hi], atol=2e-4, rtol=1e-4)
     finally:

@@ -8,7 +8,7 @@ import torch
 from minisgl_core.step import ReqPlan, StepPlan
 from minisgl_worker.engine import Engine, EngineConfig
 
-from .driver import run_requests
+from .driver import run_requests, with_window_pages
 from .tiny_models import ARCHS, VOCAB, build_hf_model
 
 PAGE = 4
@@ -37,7 +37,7 @@ def test_logits_match_hf(arch_case) -> None:  # noqa: ANN001
         reqs.append(ReqPlan(rid=i, slot=i, cache_len=0, input_ids=p,
                             new_pages=list(range(next_page, next_page + n)), sample=False))
         next_page += n
-    logits = engine.forward_logits(StepPlan(0, reqs))
+    logits = engine.forward_logits(with_window_pages(engine, StepPlan(0, reqs)))
     start = 0
     for p in PROMPTS:
         with torch.no_grad():
@@ -91,7 +91,7 @@ def test_logits_match_hf_over_chunks_and_32_decode_steps(arch_case, page_size: i
     for step, (lo, hi) in enumerate(chunks):
         req = ReqPlan(rid=0, slot=0, cache_len=lo, input_ids=seq[lo:hi],
                       new_pages=pages if step == 0 else [], sample=False)
-        ours = engine.forward_logits(StepPlan(step, [req]))
+        ours = engine.forward_logits(with_window_pages(engine, StepPlan(step, [req])))
         torch.testing.assert_close(ours, ref[lo:hi], atol=2e-4, rtol=1e-4)
     engine.close()
 

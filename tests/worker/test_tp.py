@@ -14,7 +14,7 @@ from minisgl_core.step import ReqPlan, StepPlan
 from minisgl_worker.engine import Engine, EngineConfig
 from minisgl_worker.sampling import SampleOutput
 
-from .driver import GREEDY, run_requests
+from .driver import GREEDY, run_requests, with_window_pages
 from .test_models import PROMPTS
 
 PAGE = 4
@@ -52,8 +52,8 @@ def _run(path: object, tp: int, quantization: str = "none",
                                  max_slots=4, tp_size=tp, quantization=quantization, **config))
     try:
         assert engine.info().tp_size == tp
-        logits = engine.forward_logits(StepPlan(0, [ReqPlan(0, 0, 0, PROMPTS[0], 0,
-                                                            [0, 1, 2, 3])]))
+        logits = engine.forward_logits(with_window_pages(
+            engine, StepPlan(0, [ReqPlan(0, 0, 0, PROMPTS[0], 0, [0, 1, 2, 3])])))
         draws = _count_draws(engine)
         tokens = run_requests(engine, prompts, 6, PAGE, first_page=8, params=params,
                               starts=starts)

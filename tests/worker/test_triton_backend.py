@@ -378,6 +378,7 @@ def test_engine_triton_serves_the_new_attention_kinds_like_hf(tiny_model, arch: 
     from minisgl_core.step import ReqPlan, StepPlan
     from minisgl_worker.engine import Engine, EngineConfig
 
+    from .driver import with_window_pages
     from .tiny_models import VOCAB, build_hf_model
 
     hf = build_hf_model(arch)
@@ -391,7 +392,7 @@ def test_engine_triton_serves_the_new_attention_kinds_like_hf(tiny_model, arch: 
     for step, (lo, hi) in enumerate(chunks):
         req = ReqPlan(rid=0, slot=0, cache_len=lo, input_ids=seq[lo:hi],
                       new_pages=pages if step == 0 else [], sample=False)
-        ours = engine.forward_logits(StepPlan(step, [req]))
+        ours = engine.forward_logits(with_window_pages(engine, StepPlan(step, [req])))
         torch.testing.assert_close(ours, ref[lo:hi], atol=2e-4, rtol=1e-4)
     engine.close()
 

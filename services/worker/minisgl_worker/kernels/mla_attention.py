@@ -167,7 +167,8 @@ def _check(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int) -> dict[str, int
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int, page_table: torch.Tensor,
                rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
                workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-               block_n: int = 32, block_h: int = 16) -> torch.Tensor:
+               block_n: int = 32, block_h: int = 16, num_warps: int = 8,
+               num_stages: int = 2) -> torch.Tensor:
     """q [B, H, V + R] -> [B, H, V]. kv_cache [P, page_size, 1, V + R] (latent, then rotary key);
     rows / seq_lens as paged_decode. `workspace` (partials [B, H, S, V], lse [B, H, S] fp32)
     may be preallocated for CUDA graphs."""
@@ -192,7 +193,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int, page_table: 
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0),
         part_lse.stride(1), out.stride(0), out.stride(1),
         **shape, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision, DIRECT=direct,
-        num_warps=8, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if direct:
         return out
