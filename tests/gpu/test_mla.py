@@ -96,7 +96,7 @@ def run(json_path: str | None = None, sweep: bool = False) -> dict:
                splits=splits)
     if sweep:  # launch settings of the decode kernel at batch 256
         out["sweep"] = {}
-        for bn in (16, 32, 64):
+        for bn in (32, 64):
             for warps in (4, 8):
                 for stages in (1, 2, 3):
                     for sp in sorted({1, 2, splits}):
