@@ -40,7 +40,8 @@ WORKER_LAYERS: list[tuple[str, list[str]]] = [
     # switches, configs, the fp8 format, torch.distributed plumbing (the layers' collectives and
     # rank 0's TPGroup, which spawns a module it is given by name): no model knowledge
     ("foundation", ["minisgl_worker", "minisgl_worker.env", "minisgl_worker.config",
-                    "minisgl_worker.model_config", "minisgl_worker.fp8",
+                    "minisgl_worker.model_config", "minisgl_worker.gemma3_config",
+                    "minisgl_worker.fp8",
                     "minisgl_worker.distributed"]),
     ("kernels", ["minisgl_worker.kernels"]),  # every @triton.jit and its launcher
     # per-slot sampling state, the plan, the draw, logit bias, grammar masks, the TP draw: reads

@@ -87,9 +87,12 @@ def test_a_deferred_projection_hands_out_partial_sums(two_ranks: list[int]) -> N
     layer.defer_reduction()
     partial = layer(x)
     assert two_ranks == [8] and torch.allclose(2 * partial, reduced)
+    # A bias enters the deferred sum once: rank 0 adds it (this is rank 0), the others do not.
     with_bias = RowParallelLinear(8, 4, bias=True)
-    with pytest.raises(ValueError, match="bias"):
-        with_bias.defer_reduction()
+    with_bias.weight.data, with_bias.bias.data = layer.weight.data, torch.randn(4)
+    with_bias.defer_reduction()
+    torch.testing.assert_close(with_bias(x), partial + with_bias.bias.data)
+    assert two_ranks == [8] and with_bias.add_bias
 
 
 def test_start_up_warms_the_fast_all_reduce_up(tiny_model_path, monkeypatch) -> None:

@@ -167,8 +167,8 @@ def _check(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int) -> dict[str, int
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, v_dim: int, page_table: torch.Tensor,
                rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
                workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-               block_n: int = 32, block_h: int = 16, num_warps: int = 8,
-               num_stages: int = 2) -> torch.Tensor:
+               block_n: int = 32, block_h: int = 16, num_warps: int = 4,
+               num_stages: int = 3) -> torch.Tensor:
     """q [B, H, V + R] -> [B, H, V]. kv_cache [P, page_size, 1, V + R] (latent, then rotary key);
     rows / seq_lens as paged_decode. `workspace` (partials [B, H, S, V], lse [B, H, S] fp32)
     may be preallocated for CUDA graphs."""
