@@ -1,7 +1,8 @@
 """Each architecture as a new user meets it: a tiny random checkpoint saved by transformers (with
 the embedded model's tokenizer), served by `minisgl serve --model DIR` (five real processes),
 answering the openai client's chat completion, and giving HF transformers' greedy tokens for
-the same prompt through the public gRPC API."""
+the same prompt through the public gRPC API and through the in-process `LLM` (chunked prefill and
+a prefix-cache hit on a second turn)."""
 
 from __future__ import annotations
 
@@ -93,17 +94,17 @@ def _serve(model: Path, log: Path) -> Iterator[Served]:
 
 @pytest.fixture(scope="module", params=SERVED)
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[tuple[Served, object]]:
+           ) -> Iterator[tuple[Served, object, Path]]:
     arch = request.param
     path = tmp_path_factory.mktemp(f"arch-{arch}")
     hf = _save(arch, path)
-    yield from ((s, hf) for s in _serve(path, path / "serve.log"))
+    yield from ((s, hf, path) for s in _serve(path, path / "serve.log"))
 
 
 def test_chat_completion_through_the_openai_client(served) -> None:  # noqa: ANN001
     import openai
 
-    stack, _ = served
+    stack, _, _ = served
     client = openai.OpenAI(base_url=f"{stack.http_url}/v1", api_key="none", timeout=120)
     model = client.models.list().data[0].id
     reply = client.chat.completions.create(
@@ -116,7 +117,7 @@ def test_chat_completion_through_the_openai_client(served) -> None:  # noqa: ANN
 
 
 def test_greedy_tokens_equal_hf_through_the_services(served) -> None:  # noqa: ANN001
-    stack, hf = served
+    stack, hf, _ = served
     with torch.no_grad():
         ref = hf.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False,
                           eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
@@ -127,3 +128,30 @@ def test_greedy_tokens_equal_hf_through_the_services(served) -> None:  # noqa: A
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=NEW_TOKENS,
                                                ignore_eos=True)), timeout=120)
     assert list(reply.choices[0].token_ids) == ref
+
+
+def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:  # noqa: ANN001
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_llm_chunked_and_prefix_hit_equal_hf(served) -> None:  # noqa: ANN001
+    """The in-process `LLM` on the same checkpoint: a 21-token prompt in chunks of 8, then a
+    second turn that extends it, which must hit the prefix cache and still give HF's tokens."""
+    from minisgl import LLM
+    from minisgl_core.sampling import SamplingParams
+
+    _, hf, path = served
+    llm = LLM(str(path), max_prefill_tokens=8, page_size=4)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        first = llm.generate([PROMPT], params)[0]
+        assert first["token_ids"] == _hf_greedy(hf, PROMPT, NEW_TOKENS)
+        turn2 = PROMPT + first["token_ids"] + [5, 6, 7]
+        second = llm.generate([turn2], params)[0]
+        assert second["cached_tokens"] >= 28  # the first turn, to its last whole page
+        assert second["token_ids"] == _hf_greedy(hf, turn2, NEW_TOKENS)
+    finally:
+        llm.close()
