@@ -43,6 +43,8 @@ from minisgl_worker.kernels.fused_moe import (
 from bench.common.roofline import measure_hbm_bandwidth
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8  # Qwen3-30B-A3B: experts, hidden, moe_intermediate, k
+SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "gpt-oss-20b": (32, 2880, 2880, 4),
+          "deepseek-v2-lite": (64, 2048, 1408, 6)}
 DECODE_MAX_T = 64  # up to here the op is memory-bound; above, compute-bound
 
 
@@ -125,7 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--fp8", action="store_true", help="also fp8 experts (see above)")
     p.add_argument("--json", default=None)
+    p.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES),
+                   help="the experts' shape (E, H, I, top-k) of this model")
     args = p.parse_args(argv)
+    global E, H, INTER, TOP_K
+    E, H, INTER, TOP_K = SHAPES[args.shape]
     if not torch.cuda.is_available():
         print("test_moe: needs a CUDA device", file=sys.stderr)
         return 2
