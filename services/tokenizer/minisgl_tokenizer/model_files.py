@@ -28,6 +28,9 @@ NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad
                         "cls_token", "mask_token")
 _CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions",
                  "max_seq_len")
+# The context of configs that leave it to transformers' defaults (the public Gemma 3 multimodal
+# configs write a sparse text_config), by model_type: the worker applies the same defaults.
+_DEFAULT_CONTEXT = {"gemma3": 131072, "gemma3_text": 131072}
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -92,6 +95,10 @@ class ModelTokenizer:
         vocab_size = min(tok_vocab, model_vocab) if model_vocab else tok_vocab
 
         context = max_model_len or _config_value(model_config, _CONTEXT_KEYS)
+        if not context:
+            text = model_config.get("text_config") or {}
+            kind = text.get("model_type") or model_config.get("model_type")
+            context = _DEFAULT_CONTEXT.get(kind, 0) if isinstance(kind, str) else 0
         if not context:
             limit = tok_config.get("model_max_length")
             context = int(limit) if isinstance(limit, (int, float)) and 0 < limit < 10**7 else 0
