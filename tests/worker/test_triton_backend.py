@@ -402,17 +402,16 @@ def test_window_pool_on_triton_with_graph_runner_matches_hf(tmp_path, monkeypatc
     Triton kernels: windowed layers store and read through the window table, eagerly and
     through the CUDA-graph runner's padded static buffers; greedy tokens equal HF's."""
     from minisgl_scheduler import Scheduler, SchedulerConfig
-    from minisgl_worker.engine import Engine, EngineConfig, startup
+    from minisgl_worker.engine import Engine, EngineConfig
     from minisgl_worker.engine.cuda_graph import CudaGraphRunner
 
     from .test_window_pool import PS, WINDOW_PAGES, _hf_greedy, _model, _run
     from .tiny_models import VOCAB
 
     hf = _model(tmp_path)
-    monkeypatch.setattr(startup, "window_pages_wanted", lambda *a: WINDOW_PAGES)
     engine = Engine(EngineConfig(model_path=str(tmp_path), dtype="float32", page_size=PS,
                                  num_pages=128, max_slots=3, max_prefill_tokens=16,
-                                 attention_backend="triton"))
+                                 attention_backend="triton", window_pages=WINDOW_PAGES))
     assert engine.pool.window_layers and engine.backend.store_loc() is None
     runner = CudaGraphRunner(engine.model, engine.backend, engine.pool, max_bs=4, eager=True)
     engine.graph_runner = runner

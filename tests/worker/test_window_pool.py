@@ -12,7 +12,7 @@ import pytest
 import torch
 from minisgl_core.sampling import SamplingParams
 from minisgl_scheduler import Scheduler, SchedulerConfig
-from minisgl_worker.engine import Engine, EngineConfig, startup
+from minisgl_worker.engine import Engine, EngineConfig
 
 from .tiny_models import COMMON, VOCAB
 
@@ -60,13 +60,11 @@ def _run(sched: Scheduler, prompts: dict[int, list[int]], n: int) -> dict[int, t
 def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     path = tmp_path_factory.mktemp("swa")
     hf = _model(path)
-    mp = pytest.MonkeyPatch()
     # A window pool of 12 pages (48 tokens) for sequences of 200: only dropping KV outside the
     # window lets them run.
-    mp.setattr(startup, "window_pages_wanted", lambda *a: WINDOW_PAGES)
     engine = Engine(EngineConfig(model_path=str(path), dtype="float32", page_size=PS,
-                                 num_pages=128, max_slots=2, max_prefill_tokens=16))
-    mp.undo()
+                                 num_pages=128, max_slots=2, max_prefill_tokens=16,
+                                 window_pages=WINDOW_PAGES))
     sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=16, max_step_ms=0.0))
     yield hf, engine, sched
     sched.close()

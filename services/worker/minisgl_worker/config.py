@@ -48,6 +48,10 @@ class EngineConfig:
         "tokens per KV page (default: 64 on a GPU, 16 on CPU)"))
     num_pages: int | None = flag(None, (
         "KV pages (default: GPU free memory x mem-fraction; CPU: kv-cache-tokens)"))
+    window_pages: int | None = flag(None, (
+        "pages of the sliding-window layers' KV pool (models whose windows are shorter than "
+        "the context: Gemma 3, gpt-oss, Mistral v0.1); default: enough for every slot's window, "
+        "a prefill chunk and as much again to keep finished requests' windows cached"))
     kv_cache_tokens: int = flag(16384, (
         "KV cache size in tokens on CPU when --num-pages is not given"))
     mem_fraction: float = flag(0.85, (
@@ -123,6 +127,8 @@ class EngineConfig:
             raise ValueError("page_size and max_slots must be >= 1")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError("num_pages must be >= 1")
+        if self.window_pages is not None and self.window_pages < 1:
+            raise ValueError("window_pages must be >= 1")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError("mem_fraction must be in (0, 1]")
         if not 1 <= self.custom_all_reduce_max_mb <= 1024:

@@ -213,12 +213,15 @@ def window_layout(mc: ModelConfig, max_model_len: int) -> WindowLayout:
 
 
 def window_pages_wanted(config: EngineConfig, layout: WindowLayout, page_size: int) -> int:
-    """Window pages for every slot at once: each running request holds its window plus the
-    page boundary kept for prefix reuse and the page it writes (ceil(window / ps) + 2); one
+    """--window-pages when given; else window pages for every slot at once: each running
+    request holds its window plus the page boundary kept for prefix reuse and the page it
+    writes (ceil(window / ps) + 2); one
     step's prefill chunk adds its pages twice over (the chunk's own, and the ones the previous,
     still running step may read after the scheduler dropped them) plus a straddled page per
     slot. Doubled: the other half keeps dropped requests' last windows cached, so shared
     prefixes and the next turn of a conversation keep hitting."""
+    if config.window_pages is not None:
+        return config.window_pages
     chunk = config.max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS
     per_slot = -(-layout.window // page_size) + 3
     return 2 * (config.max_slots * per_slot + 2 * -(-chunk // page_size))
