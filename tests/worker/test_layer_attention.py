@@ -141,3 +141,19 @@ def test_explicit_backend_that_cannot_serve_the_model_fails_at_start_up(
         Engine(EngineConfig(model_path=str(tmp_path), page_size=4, num_pages=16, max_slots=2,
                             attention_backend="triton"))
     assert "\n" not in str(err.value)
+
+
+def test_qwen2_window_starts_at_max_window_layers_as_in_transformers() -> None:
+    """A Qwen2-style config with use_sliding_window and no layer_types: the layers below
+    max_window_layers attend fully, the rest through the window (transformers' derivation)."""
+    import transformers as tf
+    from minisgl_worker.model_config import ModelConfig
+
+    d = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+         "num_attention_heads": 4, "vocab_size": 32, "use_sliding_window": True,
+         "sliding_window": 8, "max_window_layers": 1}
+    hf = tf.Qwen2Config(**{k: v for k, v in d.items() if k != "architectures"})
+    ours = ModelConfig.from_dict(d)
+    assert [ours.layer_window(i) for i in range(4)] == [
+        8 if t == "sliding_attention" else None for t in hf.layer_types] == [None, 8, 8, 8]
+    assert ModelConfig.from_dict({**d, "use_sliding_window": False}).layer_window(3) is None

@@ -70,8 +70,8 @@ def test_backend_choice_on_the_cpu(mc: ModelConfig) -> None:
 def test_model_config_and_context_length(mc: ModelConfig) -> None:
     assert startup.context_length(_config(), mc) == mc.max_position_embeddings
     assert startup.context_length(_config(max_model_len=100), mc) == 100
-    windowed = startup.load_model_config(_config(hf_overrides={"sliding_window": 64,
-                                                               "use_sliding_window": True}))
+    windowed = startup.load_model_config(_config(hf_overrides={
+        "sliding_window": 64, "use_sliding_window": True, "max_window_layers": 0}))
     # windows are computed, not a cap on the context
     assert startup.context_length(_config(), windowed) == windowed.max_position_embeddings
     assert windowed.layer_window(0) == 64 and mc.layer_window(0) is None

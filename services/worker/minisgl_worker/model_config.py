@@ -134,6 +134,12 @@ class ModelConfig:
         if layer_types and len(layer_types) != d["num_hidden_layers"]:
             raise ValueError(f"config.json layer_types has {len(layer_types)} entries for "
                              f"{d['num_hidden_layers']} layers")
+        if uses_window and not layer_types and isinstance(d.get("max_window_layers"), int):
+            # Qwen2-style configs without layer_types: the window starts at max_window_layers
+            # (the layers below it attend fully), as transformers derives it.
+            first = d["max_window_layers"]
+            layer_types = ["sliding_attention" if i >= first else "full_attention"
+                           for i in range(d["num_hidden_layers"])]
         if "sliding_attention" in layer_types and not uses_window:
             # HF configs keep the types when the window is switched off (Qwen2's
             # use_sliding_window: false): every layer then attends fully.
