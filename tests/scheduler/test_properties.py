@@ -1,7 +1,8 @@
 """Random sequences of submit / step / abort / evict against the fake GPU, overlap on and off.
 
 After every operation: every page is in exactly one place (free, a request's own, or the radix
-tree), ref counts equal the locks requests hold, slots are not shared. At the end: every output is
+tree), ref counts (and, with a window pool, window-lock counts) equal the locks requests and
+pending holds have, slots are not shared. At the end: every output is
 exactly what an unbatched, uncached run produces (or a prefix of it for aborted requests), and
 free pages + evictable cached pages == pool size.
 """
@@ -60,6 +61,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     def setup(self, overlap: bool, cache: str, policy: str, page_size: int, num_pages: int,
               budget: int, eos_every: int, reserve: float, window: int,
               data: st.DataObject) -> None:
+        self._setup(overlap, cache, policy, page_size, num_pages, budget, eos_every, reserve,
+                    window, data)
+
+    def _setup(self, overlap: bool, cache: str, policy: str, page_size: int, num_pages: int,
+               budget: int, eos_every: int, reserve: float, window: int,
+               data: st.DataObject) -> None:
         # A sliding-window pool from the fewest pages one request needs to make progress (its
         # window and the page it writes) up to the full pool's size.
         least = -(-window // page_size) + 1
@@ -117,6 +124,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             if kv.windowed:
                 kv._free_win(dropped + kv.cache.evict_window(n))
 
+    @rule(n=st.integers(1, 8))
+    def evict_window_pages(self, n: int) -> None:
+        """Window pages alone (LRU), possibly of nodes running requests hold but no longer read
+        from: later hits through them are cut, and no page a query reads may go."""
+        kv = self.sched.kv
+        if kv.cache is not None and kv.windowed:
+            kv._free_win(kv.cache.evict_window(n))
+
     @rule(dice=st.integers(0, 7))
     def worker_fails_next_step(self, dice: int) -> None:
         if dice == 0:  # rare: a failure ends every running request
@@ -138,6 +153,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         event(f"prefix hits: {st_.prefix_hit_tokens > 0}")
         event(f"worker failed: {self.failures}")
         event(f"window reads: {self.fake.window_reads > 0}")
+        if self.fake.window_reads:
+            event(f"windowed prefix hits: {st_.prefix_hit_tokens > 0}")
         event(f"requests: {min(len(self.prompts), 10) // 5 * 5}+")
         for rid, (prompt, params) in self.prompts.items():
             out = self.rec.out[rid]
@@ -163,8 +180,32 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.fake.max_inflight_seen <= (1 if self.sched.config.disable_overlap else 2)
 
 
-TestScheduler = SchedulerMachine.TestCase
-TestScheduler.settings = settings(
+class WindowedMachine(SchedulerMachine):
+    """Always a window pool and a radix cache: shared prefixes longer than the window, window
+    pages left cached as windows move on, LRU window eviction, holds under overlap."""
+
+    @initialize(
+        overlap=st.booleans(),
+        policy=st.sampled_from(["fcfs", "lpm"]),
+        page_size=st.sampled_from([1, 2, 4]),
+        num_pages=st.integers(16, 48),
+        budget=st.sampled_from([3, 8, 64]),
+        eos_every=st.sampled_from([0, 5]),
+        reserve=st.sampled_from([0.0, 0.5]),
+        window=st.sampled_from([2, 3, 5, 8]),
+        data=st.data(),
+    )
+    def setup(self, overlap: bool, policy: str, page_size: int, num_pages: int, budget: int,
+              eos_every: int, reserve: float, window: int, data: st.DataObject) -> None:
+        self._setup(overlap, "radix", policy, page_size, num_pages, budget, eos_every, reserve,
+                    window, data)
+
+
+SETTINGS = settings(
     max_examples=int(os.environ.get("SCHED_EXAMPLES", 250)), stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+TestScheduler = SchedulerMachine.TestCase
+TestScheduler.settings = SETTINGS
+TestWindowed = WindowedMachine.TestCase
+TestWindowed.settings = SETTINGS

@@ -58,12 +58,14 @@ def test_prefix_hit_needs_the_window_pages() -> None:
     prompt = list(range(200, 240))
     sched.submit(1, prompt, params)
     run(sched)
-    # The first request's pages are cached; its window pages only for its last window.
+    # The first request's pages are cached, window pages included: those its window moved past
+    # stayed in the tree as cache (the pool had room), not only its last window.
     kv = sched.kv
     assert kv.cache is not None
     found = kv.cache.match(prompt + [1])
     assert found.num_pages == 10 and found.win is not None
-    assert found.win[0] == -1 and found.win[-1] >= 0  # early ones dropped, the tail kept
+    assert all(p >= 0 for p in found.win)
+    assert kv.cache.evictable_win == kv.window_pages - kv.win_alloc.num_free  # type: ignore[union-attr]
     # A continuation (multi-turn) hits the whole cached prefix: its last window is there.
     turn2 = prompt + reference(prompt, params, fake) + [7, 8, 9]
     rec = Recorder()
@@ -71,13 +73,66 @@ def test_prefix_hit_needs_the_window_pages() -> None:
     run(sched, rec)
     assert rec.out[2].cached_tokens >= 40
     assert rec.out[2].tokens == reference(turn2, params, fake)
-    # A prompt that shares only the early part: those pages have no window KV any more, so
-    # the hit is cut back to nothing usable and it is computed afresh, correctly.
+    # A prompt that shares only the early part hits it too: its window pages were kept.
     other = prompt[:20] + [5] * 20
     sched.submit(3, other, params)
     run(sched, rec)
-    assert rec.out[3].cached_tokens == 0
+    assert rec.out[3].cached_tokens == 20
     assert rec.out[3].tokens == reference(other, params, fake)
+    # Once those window pages are evicted (LRU: the early part, unused since, goes first), the
+    # same kind of prompt is cut back to nothing usable and computed afresh, correctly.
+    early = kv.cache.match(prompt[:24]).win
+    assert early is not None
+    kv._free_win(kv.cache.evict_window(kv.cache.evictable_win))
+    other2 = prompt[:24] + [6] * 20
+    sched.submit(4, other2, params)
+    run(sched, rec)
+    assert rec.out[4].cached_tokens == 0
+    assert rec.out[4].tokens == reference(other2, params, fake)
+    assert_all_pages_back(sched)
+
+
+def test_shared_prefix_longer_than_the_window_hits_while_the_first_runs() -> None:
+    """Requests sharing a system prompt longer than the window, arriving one after another while
+    the first still decodes: the window pages at the end of the shared prefix, which the first
+    request's window has moved past, stay in the tree and every later request hits them."""
+    for overlap in (True, False):
+        fake, sched = _sched(window_pages=60, overlap=overlap)
+        system = list(range(400, 440))  # 40 tokens: four windows of 10
+        params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+        rec = Recorder()
+        prompts = {rid: system + [rid, rid + 1, rid + 2] for rid in range(1, 5)}
+        for rid, p in prompts.items():
+            sched.submit(rid, p, params)
+            for _ in range(8):  # it prefills and decodes past the shared prefix
+                rec.add(sched.step())
+                sched.check_invariants()
+        run(sched, rec)
+        for rid, p in prompts.items():
+            assert rec.out[rid].tokens == reference(p, params, fake), rid
+            assert rec.out[rid].cached_tokens == (0 if rid == 1 else 40), rid
+        assert_all_pages_back(sched)
+
+
+def test_window_lock_passes_to_a_hold_until_the_step_is_collected() -> None:
+    """Tree window pages a request's window moves past while a launched step may still read
+    them are not evictable until that step is collected."""
+    fake, sched = _sched(window_pages=40, budget=64)
+    kv = sched.kv
+    assert kv.cache is not None
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    sched.submit(1, list(range(500, 540)), params)
+    sched.step()  # prefill launched (overlap: in flight), its 10 pages inserted and locked
+    req = sched.reqs[1]
+    assert req.shared_pages == 10 and kv.cache.evictable_win == 0
+    kv.trim(req, 40, until_step=sched._last_launched())
+    assert req.win_from == req.win_lo == first_visible_page(40, WINDOW, PS)
+    assert kv.cache.evictable_win == 0 and kv.win_holds  # held for the in-flight step
+    sched.check_invariants()
+    kv.collected(sched._last_launched())  # type: ignore[arg-type]
+    assert not kv.win_holds and kv.cache.evictable_win == req.win_lo
+    sched.check_invariants()
+    run(sched)
     assert_all_pages_back(sched)
 
 

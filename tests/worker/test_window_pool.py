@@ -104,3 +104,34 @@ def test_multi_turn_hit_matches_transformers(served) -> None:  # noqa: ANN001
     tokens, cached = _run(sched, {11: turn2}, 30)[11]
     assert cached >= 64  # the cached conversation, up to its last whole page
     assert tokens == _hf_greedy(hf, turn2, 30)
+
+
+def test_shared_prefix_longer_than_the_window_hits(served) -> None:  # noqa: ANN001
+    """Requests sharing a system prompt three windows long, arriving one after another while the
+    earlier ones decode: the window pages at the end of the shared prefix, which the first
+    request's window moved past, stay in the tree as cache, so every later request hits the
+    shared prefix, and its tokens still equal transformers'."""
+    hf, engine, sched = served
+    system = [(7 * i + 3) % VOCAB for i in range(3 * WINDOW)]
+    prompts = {20 + k: system + [(13 * k + j) % VOCAB for j in range(3)] for k in range(4)}
+    n = 24
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    out: dict[int, tuple[list[int], int]] = {rid: ([], 0) for rid in prompts}
+    for rid, prompt in prompts.items():
+        sched.submit(rid, prompt, params)
+        for _ in range(6):  # the earlier ones prefill and decode past the shared prefix
+            for ev in sched.step():
+                assert ev.error is None, ev.error
+                out[ev.rid] = (out[ev.rid][0] + ev.token_ids, ev.cached_tokens)
+            sched.check_invariants()
+    while sched.has_work():
+        for ev in sched.step():
+            assert ev.error is None, ev.error
+            out[ev.rid] = (out[ev.rid][0] + ev.token_ids, ev.cached_tokens)
+        sched.check_invariants()
+    for rid, prompt in prompts.items():
+        tokens, cached = out[rid]
+        assert tokens == _hf_greedy(hf, prompt, n), rid
+        if rid > 20:  # the shared prefix, whole pages of it
+            assert cached == len(system), (rid, cached)
+    assert sched.kv.win_available == WINDOW_PAGES

@@ -10,12 +10,17 @@ Window pool (`window_pages` > 0: the worker keeps its sliding-window layers' KV 
 dropped. Both rows grow together; `trim` drops the window pages no future query of the request can
 see (through `DeferredFree`, since launched steps may still read them); the radix tree keeps
 window pages next to full ones and a prefix hit is cut to what windowed layers can use
-(docs/architecture.md, "Sliding-window layers").
+(docs/architecture.md, "Sliding-window layers"). A request window-locks the tree nodes of its
+path from page `req.win_from` = min(win_lo, shared_pages) on; as its window moves on, the tree
+pages it passes stay in the tree as evictable cache (the lock moves to a `_WinHold` until the
+launched steps that may still read them are collected).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from minisgl_scheduler.kv_window import DeferredFree, first_visible_page, usable_pages
 from minisgl_scheduler.pages import PageAllocator
@@ -25,6 +30,15 @@ from minisgl_scheduler.request import Request
 
 def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
+
+
+class _WinHold(NamedTuple):
+    """Tree window pages a request no longer reads but launched steps up to `until_step` may:
+    the path to `node` (locked) and its window pages from page `start` on (window-locked)."""
+
+    until_step: int
+    node: Node
+    start: int
 
 
 class KVManager:
@@ -37,6 +51,7 @@ class KVManager:
         self.window = window if window_pages else 0
         self.window_pages = window_pages
         self.deferred = DeferredFree()  # dropped window pages that launched steps may still read
+        self.win_holds: deque[_WinHold] = deque()  # the same for tree window pages (kept cached)
         self.cache = RadixCache(page_size, windowed=self.windowed) if use_cache else None
 
     @property
@@ -112,9 +127,8 @@ class KVManager:
 
     def trim(self, req: Request, pos: int, until_step: int | None) -> None:
         """Drop the window pages that no query at position >= `pos` can read: the request's own
-        ones, and tree pages it inserted itself while no other request holds them (a hit's
-        pages stay cached). Launched steps up to `until_step` may still read them: they are
-        reused only after it is collected (None: nothing in flight, free now)."""
+        ones go back (after launched steps up to `until_step` are collected; None: nothing in
+        flight, now), the tree's stay cached there, evictable once those steps are collected."""
         # Kept from the page boundary at or below `pos`: the request's KV stays usable as a
         # cached prefix that ends there (the next turn of a conversation), one page more at most.
         ps = self.page_size
@@ -123,54 +137,45 @@ class KVManager:
             return
         out: list[int] = []
         win = req.win
-        shared = min(lo, req.shared_pages)
-        if req.hit_pages < shared and self.cache is not None and req.node is not None:
-            at = 0
-            for node in self.cache.path(req.node):
-                end = at + len(node.pages)
-                if node.ref == 1:  # locked by this request alone: nobody else reads it
-                    for i in range(max(at, req.win_lo, req.hit_pages), min(end, shared)):
-                        if win[i] >= 0:
-                            out.append(win[i])
-                            win[i] = node.win[i - at] = -1
-                at = end
-        for i in range(max(req.win_lo, req.shared_pages), lo):
-            if win[i] >= 0:
+        for i in range(req.win_lo, lo):
+            if win[i] >= 0 and i >= req.shared_pages:
                 out.append(win[i])
-                win[i] = -1
+            win[i] = -1  # below shared_pages: the tree's copy, which may now be evicted
         req.win_lo = lo
         if until_step is None:
             self._free_win(out)
         else:
             self.deferred.put(out, until_step)
+        self._move_win_lock(req, until_step)
 
-    def shed(self, req: Request, until_step: int | None) -> int:
-        """Under memory pressure: drop the window pages of `req`'s cached prefix that its
-        queries no longer read, from nodes no other request holds (`trim` leaves a hit's pages
-        to the cache). Returns how many."""
-        if self.cache is None or req.node is None:
-            return 0
-        out: list[int] = []
-        at = 0
-        for node in self.cache.path(req.node):
-            if at >= req.win_lo:
-                break
-            if node.ref == 1:
-                for j in range(min(len(node.pages), req.win_lo - at)):
-                    if node.win[j] >= 0:
-                        out.append(node.win[j])
-                        node.win[j] = req.win[at + j] = -1
-            at += len(node.pages)
+    def _move_win_lock(self, req: Request, until_step: int | None) -> None:
+        """Advance `req.win_from` to min(win_lo, shared_pages): the tree nodes passed are no
+        longer read by `req` (but maybe by launched steps up to `until_step`)."""
+        to = min(req.win_lo, req.shared_pages)
+        if to <= req.win_from or self.cache is None or req.node is None:
+            return
+        end = self.cache.boundary(req.node, to)
         if until_step is None:
-            self._free_win(out)
-        else:
-            self.deferred.put(out, until_step)
-        return len(out)
+            self.cache.win_unlock(end, req.win_from)
+        else:  # the lock passes to a hold (with a path lock: the nodes must stay)
+            self.cache.lock(end)
+            self.win_holds.append(_WinHold(until_step, end, req.win_from))
+        req.win_from = to
+
+    def _release_holds(self, step_id: int | None) -> None:
+        """Holds whose steps are collected (steps are collected in launch order); None: all."""
+        cache = self.cache
+        while self.win_holds and (step_id is None or self.win_holds[0].until_step <= step_id):
+            hold = self.win_holds.popleft()
+            assert cache is not None
+            cache.win_unlock(hold.node, hold.start)
+            cache.unlock(hold.node)
 
     def collected(self, step_id: int) -> None:
         """Step `step_id` was collected (or failed): window pages it could read are free."""
         if self.deferred:
             self._free_win(self.deferred.take(step_id))
+        self._release_holds(step_id)
 
     def _free_win(self, pages: list[int]) -> None:
         if pages:
@@ -197,18 +202,29 @@ class KVManager:
         self.cache.lock(match.node)
         req.node = match.node
         req.pages = list(match.pages)
-        req.shared_pages = req.hit_pages = len(match.pages)
+        req.shared_pages = len(match.pages)
         if self.win_alloc is not None and match.win is not None:
-            req.win = list(match.win)
-            req.win_lo = first_visible_page(len(req.pages) * self.page_size, self.window,
-                                            self.page_size)
+            lo = first_visible_page(len(req.pages) * self.page_size, self.window, self.page_size)
+            # Pages before the first query's window are not read: left to the cache (-1 here).
+            req.win = [-1] * lo + list(match.win[lo:])
+            req.win_lo = req.win_from = lo
+            if lo < req.shared_pages:
+                if lo > 0:  # a window lock starts at a node boundary
+                    self.cache.boundary(match.node, lo)
+                self.cache.win_lock(match.node, lo)
 
     def detach(self, req: Request) -> None:
         """Undo `attach` for a request that was not admitted after all."""
         if req.node is not None and self.cache is not None:
-            self.cache.unlock(req.node)
+            self._unlock(req)
         req.node, req.pages, req.shared_pages = None, [], 0
-        req.win, req.win_lo, req.hit_pages = [], 0, 0
+        req.win, req.win_lo, req.win_from = [], 0, 0
+
+    def _unlock(self, req: Request) -> None:
+        assert self.cache is not None and req.node is not None
+        if self.windowed:
+            self.cache.win_unlock(req.node, req.win_from)
+        self.cache.unlock(req.node)
 
     def cache_prefix(self, req: Request, num_tokens: int, step_id: int) -> None:
         """Share the first `num_tokens` of a running request (written by step `step_id`).
@@ -227,6 +243,15 @@ class KVManager:
                                   win=req.win[:n] if self.windowed else None)
         assert have == req.shared_pages
         cache.lock(node)
+        if self.windowed:  # the new nodes join the request's window lock
+            if req.win_from < have:
+                cache.win_lock(node, have)
+            else:  # nothing locked yet: from the first page its window still reads
+                req.win_from = min(req.win_lo, n)
+                if req.win_from > have:
+                    cache.boundary(node, req.win_from)
+                if req.win_from < n:
+                    cache.win_lock(node, req.win_from)
         if req.node is not None:
             cache.unlock(req.node)
         req.node, req.shared_pages = node, n
@@ -249,11 +274,11 @@ class KVManager:
                     spare = self._fill_tombstones(node, shared, have, req.win)
                     win_free = spare + [p for p in req.win[n:] if p >= 0]
         if req.node is not None and cache is not None:
-            cache.unlock(req.node)
+            self._unlock(req)
         self.allocator.free(to_free)
         self._free_win(win_free)
         req.node, req.pages, req.shared_pages, req.sent_pages = None, [], 0, 0
-        req.win, req.win_lo, req.hit_pages = [], 0, 0
+        req.win, req.win_lo, req.win_from = [], 0, 0
 
     def _fill_tombstones(self, node: Node, start: int, end: int, win: list[int]) -> list[int]:
         """Our window pages of logical pages [start, end), which the tree holds already: each
@@ -267,7 +292,7 @@ class KVManager:
                     continue
                 if x.win[j] < 0:
                     x.win[j] = p
-                    if x.ref == 0:
+                    if x.win_ref == 0:
                         self.cache.evictable_win += 1
                 else:
                     spare.append(p)
@@ -284,6 +309,7 @@ class KVManager:
     def drain_deferred(self) -> None:
         """Nothing is in flight any more: every deferred window page is free."""
         self._free_win(self.deferred.take_all())
+        self._release_holds(None)
 
     # -- invariants ----------------------------------------------------------------------------
 
@@ -298,16 +324,27 @@ class KVManager:
             self.cache.check()
             tree = self.cache.all_pages()
             expected: dict[int, int] = {}
-            for r in holders:
-                node = r.node
-                while node is not None and node is not self.cache.root:
+            expected_win: dict[int, int] = {}
+            locks = [(r.node, r.win_from) for r in holders if r.node is not None]
+            locks += [(h.node, h.start) for h in self.win_holds]
+            for end, win_from in locks:
+                at = self.cache.depth(end)
+                node = end
+                while node is not self.cache.root:
                     expected[id(node)] = expected.get(id(node), 0) + 1
-                    node = node.parent
+                    at -= len(node.pages)
+                    if self.windowed and at >= win_from:
+                        expected_win[id(node)] = expected_win.get(id(node), 0) + 1
+                    elif self.windowed:
+                        assert at + len(node.pages) <= win_from, "window lock inside a node"
+                    node = node.parent  # type: ignore[assignment]  # None only past the root
+            for r in holders:
                 if r.node is not None:
                     path = self._path_pages(r)
                     assert path == r.pages[: r.shared_pages], "shared pages differ from the tree"
             for node in self.cache._nodes():
                 assert node.ref == expected.get(id(node), 0), "ref count != locks held"
+                assert node.win_ref == expected_win.get(id(node), 0), "window locks != held"
         everything = free + private + tree
         assert len(everything) == self.num_pages, (
             f"free {len(free)} + private {len(private)} + cached {len(tree)} "
@@ -331,8 +368,8 @@ class KVManager:
             for i, p in enumerate(r.win):
                 if i >= r.win_lo:
                     assert p >= 0, "a window page a future query reads was dropped"
-                if i < r.shared_pages:  # the tree's: a copy, or -1 once dropped (below win_lo)
-                    ok = p in (-1, tree[i]) if i < r.win_lo else p == tree[i]
+                if i < r.shared_pages:  # the tree's: a copy, or -1 (left to the cache) below win_lo
+                    ok = p == -1 if i < r.win_lo else p == tree[i]
                     assert ok, "shared window page differs from the tree"
                 elif p >= 0:
                     assert i >= r.win_lo, "a dropped window page is still held"
@@ -340,6 +377,7 @@ class KVManager:
             ps = self.page_size
             lo = first_visible_page(r.computed // ps * ps, self.window, ps)
             assert r.win_lo <= lo, "window pages dropped that the next query reads"
+            assert r.win_from == min(r.win_lo, r.shared_pages), "window lock not at win_lo"
         tree_pages = self.cache.all_win_pages() if self.cache is not None else []
         everything = free + self.deferred.pages() + private + tree_pages
         assert len(everything) == n, (

@@ -17,9 +17,13 @@ keys include its salt, so a lookup under one salt never reaches a page cached un
 
 Window pool (`windowed=True`, a worker whose sliding-window layers keep KV in a second pool): each
 node also holds `win`, aligned with `pages`, the window-pool page of each logical page or -1 where
-it is gone (a "tombstone": the full-attention KV is cached, the windowed layers' is not). Window
-pages are evictable on their own (`evict_window`, unlocked nodes only) without removing the node;
-whether a prefix with tombstones is usable is the caller's question (kv_window.usable_pages).
+it is gone (a "tombstone": the full-attention KV is cached, the windowed layers' is not). A second
+count, `win_ref`, says how many holders still *read* a node's window pages (a running request
+whose window reaches into the node; `win_lock(node, start)` takes the nodes of a path from page
+`start` on). Window pages of nodes with `win_ref == 0` are evictable on their own
+(`evict_window`, LRU) without removing the node, even while `ref` keeps the node's full pages:
+a request's window moves past a shared prefix and leaves that prefix's window pages as cache.
+Whether a prefix with tombstones is usable is the caller's question (kv_window.usable_pages).
 """
 
 from __future__ import annotations
@@ -41,13 +45,14 @@ class CacheListener(Protocol):
 
 class Node:
     __slots__ = ("tokens", "pages", "children", "parent", "ref", "last_access", "ready_step",
-                 "salt", "win")
+                 "salt", "win", "win_ref")
 
     def __init__(self, tokens: list[int], pages: list[int], parent: Node | None,
                  ready_step: int = READY, salt: int = 0, win: list[int] | None = None) -> None:
         self.tokens = tokens
         self.pages = pages
         self.win = win if win is not None else []  # window pool only: aligned with pages
+        self.win_ref = 0  # holders that still read `win` (always <= ref)
         self.children: dict[object, Node] = {}
         self.parent = parent
         self.ref = 0
@@ -80,7 +85,7 @@ class RadixCache:
     def __init__(self, page_size: int, windowed: bool = False) -> None:
         self.page_size = page_size
         self.windowed = windowed
-        self.evictable_win = 0  # window pages of nodes held by no running request
+        self.evictable_win = 0  # window pages of nodes no holder reads (win_ref == 0)
         self.root = Node([], [], None)
         self.root.ref = 1  # never evicted
         self.total_pages = 0  # pages owned by the tree
@@ -117,6 +122,8 @@ class RadixCache:
                      node.win[:k])
         node.win = node.win[k:]
         upper.ref = node.ref
+        # Window locks start at node boundaries, so whoever locks `node` locks both halves.
+        upper.win_ref = node.win_ref
         upper.last_access = node.last_access
         parent.children[self._key(node.tokens, 0, node.salt)] = upper
         node.tokens = node.tokens[k * ps :]
@@ -156,13 +163,7 @@ class RadixCache:
             return found
         if n <= 0:
             return MatchResult(self.root, [], found.blocked, [] if found.win is not None else None)
-        node, end = found.node, found.num_pages
-        while end - len(node.pages) >= n:
-            end -= len(node.pages)
-            node = node.parent  # type: ignore[assignment]  # n >= 0: stops at the root
-        if end > n:
-            node = self._split(node, len(node.pages) - (end - n))
-        return MatchResult(node, found.pages[:n], found.blocked,
+        return MatchResult(self.boundary(found.node, n), found.pages[:n], found.blocked,
                            found.win[:n] if found.win is not None else None)
 
     def path(self, node: Node) -> list[Node]:
@@ -180,7 +181,6 @@ class RadixCache:
         while node is not self.root:
             if node.ref == 0:
                 self.evictable_pages -= len(node.pages)
-                self.evictable_win -= present(node.win)
             node.ref += 1
             node = node.parent  # type: ignore[assignment]  # None only past the root
 
@@ -191,8 +191,51 @@ class RadixCache:
             node.ref -= 1
             if node.ref == 0:
                 self.evictable_pages += len(node.pages)
+            node = node.parent  # type: ignore[assignment]  # None only past the root
+
+    def win_lock(self, node: Node, start: int) -> None:
+        """Lock the window pages of the nodes on the path to `node` that start at page `start`
+        or later (`start` must be a node boundary of that path: see `boundary`)."""
+        self._win_ref(node, start, 1)
+
+    def win_unlock(self, node: Node, start: int) -> None:
+        self._win_ref(node, start, -1)
+
+    def _win_ref(self, node: Node, start: int, delta: int) -> None:
+        at = self.depth(node)
+        while node is not self.root:
+            at -= len(node.pages)  # where `node` starts
+            if at < start:
+                assert at + len(node.pages) <= start, "window lock not at a node boundary"
+                break
+            if delta > 0 and node.win_ref == 0:
+                self.evictable_win -= present(node.win)
+            node.win_ref += delta
+            if node.win_ref < 0 or node.win_ref > node.ref:
+                raise RuntimeError("radix node window-locked outside its path locks")
+            if delta < 0 and node.win_ref == 0:
                 self.evictable_win += present(node.win)
             node = node.parent  # type: ignore[assignment]  # None only past the root
+
+    def depth(self, node: Node) -> int:
+        """Pages from the root to the end of `node`."""
+        n = 0
+        while node is not self.root:
+            n += len(node.pages)
+            node = node.parent  # type: ignore[assignment]  # None only past the root
+        return n
+
+    def boundary(self, node: Node, page: int) -> Node:
+        """The node on the path to `node` that ends at page `page` (0 < page <= depth), split
+        off if `page` falls inside one."""
+        end = self.depth(node)
+        assert 0 < page <= end
+        while end - len(node.pages) >= page:
+            end -= len(node.pages)
+            node = node.parent  # type: ignore[assignment]  # page > 0: stops above the root
+        if end > page:
+            node = self._split(node, len(node.pages) - (end - page))
+        return node
 
     def insert(self, tokens: list[int], pages: list[int], ready_step: int = READY,
                salt: int = 0, win: list[int] | None = None) -> tuple[Node, int]:
@@ -260,21 +303,31 @@ class RadixCache:
 
     def _drop_win(self, win: list[int], out: list[int] | None) -> None:
         kept = [p for p in win if p >= 0]
-        self.evictable_win -= len(kept)  # only unlocked nodes are evicted
+        self.evictable_win -= len(kept)  # only unlocked nodes are evicted (win_ref <= ref)
         if out is None:
             raise ValueError("evicting a windowed tree needs win_out for its window pages")
         out.extend(kept)
 
     def evict_window(self, n: int) -> list[int]:
-        """Tombstone up to n window pages of unreferenced nodes, least recently used first; the
-        nodes (full-attention KV) stay. Returns the window pages."""
+        """Tombstone up to n window pages of nodes nobody reads them from (`win_ref == 0`), least
+        recently used first; the nodes (full-attention KV) stay. Returns the window pages.
+
+        A match touches every node of its path at once, so ties are common: the shallower node
+        goes first, and a node's pages from its front, since a hit needs the window pages just
+        before its end, never the ones before those (a long prefix stays usable)."""
         if n <= 0 or self.evictable_win == 0:
             return []
-        heap = [x for x in self._nodes() if x.ref == 0 and present(x.win)]
+        heap: list[tuple[int, int, int, Node]] = []
+        stack = [(x, len(x.pages)) for x in self.root.children.values()]
+        while stack:
+            node, end = stack.pop()
+            if node.win_ref == 0 and present(node.win):
+                heap.append((node.last_access, end, len(heap), node))
+            stack.extend((x, end + len(x.pages)) for x in node.children.values())
         heapq.heapify(heap)
         out: list[int] = []
         while heap and len(out) < n:
-            node = heapq.heappop(heap)
+            node = heapq.heappop(heap)[3]
             for i, p in enumerate(node.win):
                 if p >= 0 and len(out) < n:
                     out.append(p)
@@ -316,7 +369,8 @@ class RadixCache:
         for node in self._nodes():
             assert node.pages, "empty node"
             assert len(node.win) == (len(node.pages) if self.windowed else 0), "win misaligned"
-            evictable_win += present(node.win) if node.ref == 0 else 0
+            evictable_win += present(node.win) if node.win_ref == 0 else 0
+            assert 0 <= node.win_ref <= node.ref, "window lock outside the path locks"
             assert len(node.tokens) == len(node.pages) * self.page_size, "tokens/pages mismatch"
             assert node.ref >= 0, "negative ref count"
             parent = node.parent

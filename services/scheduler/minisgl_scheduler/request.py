@@ -58,11 +58,11 @@ class Request:
     shared_pages: int = 0  # leading entries of `pages` owned by the radix tree (locked via node)
     node: Node | None = None  # deepest locked radix node
     # Window pool only (kv.py): window-pool page of each entry of `pages` (-1: dropped, out of
-    # every future query's window); entries below `win_lo` are all dropped or the tree's;
-    # `hit_pages`: the prefix-cache hit at admission (its window pages are left to the cache).
+    # every future query's window); entries below `win_lo` are all -1 (dropped, or left to the
+    # tree as cache); `win_from`: the tree nodes of its path from this page on are window-locked.
     win: list[int] = field(default_factory=list)
     win_lo: int = 0
-    hit_pages: int = 0
+    win_from: int = 0
 
     # Progress. KV positions [0, computed) are written or being written by launched steps.
     computed: int = 0

@@ -267,11 +267,6 @@ class Scheduler:
         """The last step in flight (it may read what this plan drops), None if none is."""
         return self.inflight[-1].plan.step_id if self.inflight else None
 
-    def _shed_windows(self) -> int:
-        """Cached window pages that running requests hold but no longer read, dropped."""
-        until = self._last_launched()
-        return sum([self.kv.shed(r, until) for r in self.running])
-
     def _fit_chunk(self, req: Request, budget: int) -> int:
         """Tokens of the next prefill chunk of a running request that fit in memory (0: none)."""
         want = min(budget, req.target - req.computed)
@@ -289,8 +284,6 @@ class Scheduler:
     def _grow(self, req: Request, num_tokens: int) -> bool:
         """Pages for `num_tokens` positions of a running request, preempting younger ones."""
         while not self.kv.grow(req, num_tokens):
-            if self.kv.windowed and self._shed_windows():
-                continue  # cached window pages no running query reads: free (after in-flight)
             if self.inflight:  # pages of finished requests may come back with these steps
                 self._drain()
                 if req.phase is not Phase.RUNNING:
@@ -333,8 +326,6 @@ class Scheduler:
             cached = len(req.pages) * self.page_size
             n = min(budget, req.target - cached)
             if self.kv.windowed:  # a first chunk the window pool can hold
-                if n > self.kv.win_available * ps:  # the hit's window pages it will not read
-                    self.kv.shed(req, self._last_launched())
                 n = min(n, self.kv.win_available * ps)
                 if n <= 0:
                     self.kv.detach(req)
