@@ -18,6 +18,7 @@ from minisgl_core.proto.minisgl.v1 import scheduler_pb2
 from minisgl_core.sampling import SamplingParams
 from minisgl_scheduler import SchedulerStats
 from minisgl_scheduler.prefix_events import EventBatch, PrefixEventLog
+from minisgl_scheduler.radix import RadixCache
 from minisgl_scheduler.watch import (
     DEFAULT_LOAD_INTERVAL_S,
     LOAD_CHANGE_GAP_S,
@@ -131,10 +132,10 @@ class FakeLoop:
         self.events.stored(tokens, 0)
         self.events.flush()
 
-    def watch(self, interval: float, resume_after: int = 0
+    def watch(self, interval: float, resume_after: int = 0, cache: RadixCache | None = None
               ) -> tuple[queue.Queue[tuple[float, scheduler_pb2.WatchResponse]], threading.Thread]:
         """Run a stream on its own thread (a gRPC thread's stand-in); its messages, timestamped."""
-        stream = WatchStream(self.events, self.changes, self.call, lambda: None, lambda: self.stats,
+        stream = WatchStream(self.events, self.changes, self.call, lambda: cache, lambda: self.stats,
                              lambda s: scheduler_pb2.EngineLoad(running_requests=s.running,
                                                                 waiting_requests=s.waiting))
         got: queue.Queue[tuple[float, scheduler_pb2.WatchResponse]] = queue.Queue()
@@ -225,6 +226,38 @@ def test_an_idle_stream_sleeps_instead_of_polling(loop: FakeLoop) -> None:
     time.sleep(0.3)
     assert looks[0] - before <= 1  # asleep until a change or its report a minute away
     loop.stop(t)
+
+
+def test_a_windowed_cache_reports_its_window_and_window_pages(loop: FakeLoop) -> None:
+    """An engine with sliding-window layers says its window on every message and which cached
+    pages keep window KV: in the snapshot, as pages come, and as window KV alone is evicted."""
+    cache = RadixCache(PS, windowed=True, window=6)
+    cache.listener = loop.events
+    tokens = list(range(3 * PS))
+    cache.insert(tokens[:PS], [0], win=[5])  # cached before the stream: in its snapshot
+    hashes = page_hashes(tokens, PS)
+    got, t = loop.watch(60.0, cache=cache)
+    _, first = got.get(timeout=5)
+    assert first.snapshot and first.window == 6
+    assert list(first.stored) == hashes[:1] and list(first.window_stored) == hashes[:1]
+    cache.insert(tokens, [0, 1, 2], win=[5, -1, 7])  # page 1's window KV already dropped
+    loop.events.flush()
+    msg = _next_batch(got)
+    assert set(msg.stored) == set(hashes[1:]) and list(msg.window_stored) == hashes[2:]
+    assert msg.window == 6
+    assert sorted(cache.evict_window(2)) == [5, 7]
+    loop.events.flush()
+    msg = _next_batch(got)
+    assert set(msg.window_removed) == {hashes[0], hashes[2]} and not msg.removed
+    loop.stop(t)
+
+
+def _next_batch(got: queue.Queue[tuple[float, scheduler_pb2.WatchResponse]]
+                ) -> scheduler_pb2.WatchResponse:
+    while True:
+        _, msg = got.get(timeout=5)
+        if msg.seq and not msg.HasField("load"):
+            return msg
 
 
 def test_a_stream_that_fell_behind_the_ring_gets_a_snapshot(loop: FakeLoop) -> None:

@@ -52,7 +52,8 @@ class KVManager:
         self.window_pages = window_pages
         self.deferred = DeferredFree()  # dropped window pages that launched steps may still read
         self.win_holds: deque[_WinHold] = deque()  # the same for tree window pages (kept cached)
-        self.cache = RadixCache(page_size, windowed=self.windowed) if use_cache else None
+        self.cache = (RadixCache(page_size, windowed=self.windowed, window=self.window)
+                      if use_cache else None)
 
     @property
     def windowed(self) -> bool:
@@ -271,7 +272,7 @@ class KVManager:
                 # [shared, have): the tree got the same prefix from someone else; ours are spare.
                 to_free = req.pages[shared:have] + req.pages[n:]
                 if self.windowed:
-                    spare = self._fill_tombstones(node, shared, have, req.win)
+                    spare = cache.fill_window(node, shared, have, req.win)
                     win_free = spare + [p for p in req.win[n:] if p >= 0]
         if req.node is not None and cache is not None:
             self._unlock(req)
@@ -279,25 +280,6 @@ class KVManager:
         self._free_win(win_free)
         req.node, req.pages, req.shared_pages, req.sent_pages = None, [], 0, 0
         req.win, req.win_lo, req.win_from = [], 0, 0
-
-    def _fill_tombstones(self, node: Node, start: int, end: int, win: list[int]) -> list[int]:
-        """Our window pages of logical pages [start, end), which the tree holds already: each
-        fills a tombstone of the tree (the same tokens' KV) or is spare; returns the spare."""
-        assert self.cache is not None
-        spare, at = [], 0
-        for x in self.cache.path(node):
-            for j in range(max(start - at, 0), min(end - at, len(x.pages))):
-                p = win[at + j]
-                if p < 0:
-                    continue
-                if x.win[j] < 0:
-                    x.win[j] = p
-                    if x.win_ref == 0:
-                        self.cache.evictable_win += 1
-                else:
-                    spare.append(p)
-            at += len(x.pages)
-        return spare
 
     def drop_cache(self) -> None:
         """Forget every unreferenced cached prefix (after a worker failure made KV suspect)."""

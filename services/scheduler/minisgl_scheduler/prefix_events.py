@@ -9,6 +9,10 @@ bounded ring. With no subscriber the hooks return at once and nothing is kept: t
 
 Pages are named by `minisgl_core.prefix_hash.page_hashes` over the tokens from the root, chained
 from the request's salt seed, the same names a gateway computes for a prompt with that salt.
+
+A tree with a window pool (sliding-window layers) also reports, per page, whether its window-pool
+KV is cached (`window_stored` / `window_removed`): a prefix whose full-attention KV is cached but
+whose last window is not hits shorter, and a router that knows only main pages over-predicts.
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ class EventBatch:
     seq: int
     stored: list[int] = field(default_factory=list)
     removed: list[int] = field(default_factory=list)
+    window_stored: list[int] = field(default_factory=list)  # windowed trees only
+    window_removed: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class Subscription:
     cursor: int  # the last seq this subscriber has
     snapshot: list[int] | None  # every cached page hash, when it starts from a snapshot
+    window_snapshot: list[int] | None = None  # of those, the pages with window KV (windowed)
 
 
 class PrefixEventLog:
@@ -46,6 +53,7 @@ class PrefixEventLog:
         self.active = False  # any subscriber: read by the hooks on the loop thread
         self._subscribers = 0
         self._pending: dict[int, bool] = {}  # hash -> cached after this iteration (last op wins)
+        self._win_pending: dict[int, bool] = {}  # the same for window-pool KV
         self._ring: deque[EventBatch] = deque(maxlen=ring_batches)
         self._seq = 0
         self._base = 0  # the ring holds every batch with seq in (base, seq]
@@ -65,14 +73,23 @@ class PrefixEventLog:
             for h in page_hashes(path_tokens, self.page_size, salt)[first_removed_page:]:
                 self._pending[h] = False
 
+    def window(self, path_tokens: list[int], pages: list[int], kept: bool, salt: int = 0) -> None:
+        """The window-pool KV of `pages` (indices into the pages of `path_tokens`) came or went."""
+        if self.active:
+            hashes = page_hashes(path_tokens, self.page_size, salt)
+            for i in pages:
+                self._win_pending[hashes[i]] = kept
+
     def flush(self) -> None:
         """End of a loop iteration: what changed becomes one numbered batch."""
-        if not self._pending:
+        if not self._pending and not self._win_pending:
             return
         batch = EventBatch(0)
         for h, cached in self._pending.items():
             (batch.stored if cached else batch.removed).append(h)
-        self._pending = {}
+        for h, cached in self._win_pending.items():
+            (batch.window_stored if cached else batch.window_removed).append(h)
+        self._pending, self._win_pending = {}, {}
         with self._cond:
             self._seq += 1
             batch.seq = self._seq
@@ -99,10 +116,13 @@ class PrefixEventLog:
         """Watch streams open now (about one per gateway: routers scale their estimates by it)."""
         return self._subscribers
 
-    def snapshot(self, cache: RadixCache | None) -> tuple[int, list[int]]:
-        """(seq, every cached page hash) as of now. Loop thread only."""
+    def snapshot(self, cache: RadixCache | None) -> tuple[int, list[int], list[int] | None]:
+        """(seq, every cached page hash, those with window KV: None without a window pool) as of
+        now. Loop thread only."""
         self.flush()
         hashes: list[int] = []
+        windowed = cache is not None and cache.windowed
+        win: list[int] | None = [] if windowed else None
         if cache is not None:
             # A chain starts at its namespace's seed (0 without a salt).
             stack: list[tuple[Node, int]] = [(c, c.salt) for c in cache.root.children.values()]
@@ -110,9 +130,11 @@ class PrefixEventLog:
                 node, parent = stack.pop()
                 own = page_hashes(node.tokens, self.page_size, parent)
                 hashes += own
+                if win is not None:
+                    win += [h for h, p in zip(own, node.win, strict=True) if p >= 0]
                 stack.extend((c, own[-1]) for c in node.children.values())
         with self._cond:
-            return self._seq, hashes
+            return self._seq, hashes, win
 
     def unsubscribe(self) -> None:
         with self._cond:

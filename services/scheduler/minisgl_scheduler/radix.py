@@ -42,6 +42,11 @@ class CacheListener(Protocol):
 
     def removed(self, path_tokens: list[int], first_removed_page: int, salt: int = 0) -> None: ...
 
+    def window(self, path_tokens: list[int], pages: list[int], kept: bool, salt: int = 0) -> None:
+        """Windowed trees: the window-pool KV of these pages (indices into `path_tokens`' pages)
+        is now cached (`kept`) or gone; their full-attention KV is unchanged."""
+        ...
+
 
 class Node:
     __slots__ = ("tokens", "pages", "children", "parent", "ref", "last_access", "ready_step",
@@ -82,9 +87,10 @@ def present(win: list[int]) -> int:
 
 
 class RadixCache:
-    def __init__(self, page_size: int, windowed: bool = False) -> None:
+    def __init__(self, page_size: int, windowed: bool = False, window: int = 0) -> None:
         self.page_size = page_size
         self.windowed = windowed
+        self.window = window if windowed else 0  # tokens a windowed layer reads (for listeners)
         self.evictable_win = 0  # window pages of nodes no holder reads (win_ref == 0)
         self.root = Node([], [], None)
         self.root.ref = 1  # never evicted
@@ -265,6 +271,9 @@ class RadixCache:
             node = new
             if self.listener is not None:
                 self.listener.stored(tokens, have, salt)
+                kept = [have + j for j, p in enumerate(new.win) if p >= 0]
+                if kept:
+                    self.listener.window(tokens, kept, True, salt)
         return node, have
 
     def evict(self, n: int, win_out: list[int] | None = None) -> list[int]:
@@ -328,21 +337,59 @@ class RadixCache:
         out: list[int] = []
         while heap and len(out) < n:
             node = heapq.heappop(heap)[3]
+            gone = []
             for i, p in enumerate(node.win):
                 if p >= 0 and len(out) < n:
                     out.append(p)
                     node.win[i] = -1
+                    gone.append(i)
+            if self.listener is not None:
+                path = self._path_tokens(node)
+                first = len(path) // self.page_size - len(node.pages)
+                self.listener.window(path, [first + i for i in gone], False, node.salt)
         self.evictable_win -= len(out)
         return out
 
+    def fill_window(self, node: Node, start: int, end: int, win: list[int]) -> list[int]:
+        """Window pages `win` (aligned with the path's pages from the root) of logical pages
+        [start, end) of the path to `node`, which the tree holds already: each fills a tombstone
+        (the same tokens' KV) or is spare; returns the spare ones."""
+        spare: list[int] = []
+        at = 0
+        for x in self.path(node):
+            filled = []
+            for j in range(max(start - at, 0), min(end - at, len(x.pages))):
+                p = win[at + j]
+                if p < 0:
+                    continue
+                if x.win[j] < 0:
+                    x.win[j] = p
+                    filled.append(at + j)
+                    if x.win_ref == 0:
+                        self.evictable_win += 1
+                else:
+                    spare.append(p)
+            at += len(x.pages)
+            if filled and self.listener is not None:
+                self.listener.window(self._path_tokens(x), filled, True, x.salt)
+        return spare
+
     def _tell_removed(self, listener: CacheListener, node: Node, keep: int) -> None:
+        path = self._path_tokens(node)
+        first = len(path) // self.page_size - (len(node.pages) - keep)
+        listener.removed(path, first, node.salt)
+        if self.windowed:  # both kinds of KV go: the window pages' absence is news as well
+            kept = [first + j for j in range(keep, len(node.pages)) if node.win[j] >= 0]
+            if kept:
+                listener.window(path, kept, False, node.salt)
+
+    def _path_tokens(self, node: Node) -> list[int]:
         chunks: list[list[int]] = []
         up: Node | None = node
         while up is not None and up is not self.root:
             chunks.append(up.tokens)
             up = up.parent
-        path = [t for chunk in reversed(chunks) for t in chunk]
-        listener.removed(path, len(path) // self.page_size - (len(node.pages) - keep), node.salt)
+        return [t for chunk in reversed(chunks) for t in chunk]
 
     def evict_all(self, win_out: list[int] | None = None) -> list[int]:
         return self.evict(self.evictable_pages, win_out)

@@ -131,28 +131,37 @@ class WatchStream:
             cursor = sub.cursor
             if sub.snapshot is not None:
                 yield scheduler_pb2.WatchResponse(seq=cursor, snapshot=True, stored=sub.snapshot,
+                                                  window_stored=sub.window_snapshot or (),
                                                   load=self.load(self.stats()),
-                                                  page_size=page_size)
+                                                  page_size=page_size, window=self._window())
             reports = LoadSchedule.asked(request.load_interval_s, self.clock())
             while alive():
                 s = self.stats()
                 seen = changes.wait(seen, reports.due(_counts(s)) - self.clock())
                 batches = events.since(cursor, 0.0)
                 if batches is None:  # fell out of the ring: start over from the whole tree
-                    cursor, hashes = self.on_loop(lambda: events.snapshot(cache()))
+                    cursor, hashes, win = self.on_loop(lambda: events.snapshot(cache()))
                     yield scheduler_pb2.WatchResponse(seq=cursor, snapshot=True, stored=hashes,
-                                                      page_size=page_size)
+                                                      window_stored=win or (),
+                                                      page_size=page_size, window=self._window())
                     continue
                 for batch in batches:
                     cursor = batch.seq
-                    yield scheduler_pb2.WatchResponse(seq=cursor, stored=batch.stored,
-                                                      removed=batch.removed, page_size=page_size)
+                    yield scheduler_pb2.WatchResponse(
+                        seq=cursor, stored=batch.stored, removed=batch.removed,
+                        window_stored=batch.window_stored, window_removed=batch.window_removed,
+                        page_size=page_size, window=self._window())
                 s = self.stats()
                 if reports.take(_counts(s), self.clock()):
                     yield scheduler_pb2.WatchResponse(seq=cursor, load=self.load(s),
-                                                      page_size=page_size)
+                                                      page_size=page_size, window=self._window())
         finally:
             events.unsubscribe()
+
+    def _window(self) -> int:
+        """The engine's sliding window in tokens when its cache keeps a window pool, else 0."""
+        cache = self.cache()
+        return cache.window if cache is not None else 0
 
 
 def _counts(s: SchedulerStats) -> Counts:

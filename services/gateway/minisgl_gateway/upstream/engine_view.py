@@ -12,6 +12,11 @@ scheduler says so in its load reports (`worker_down`), and this gateway holds it
 a moment after the failure (Watch and Connect are separate streams). Otherwise it would look like
 the least loaded engine of all (its requests just failed) and draw every new and migrated stream,
 each failing at once.
+
+An engine with sliding-window layers (its Watch messages say `window`) keeps those layers' KV in a
+second pool that it evicts on its own: a cached prefix is a usable hit only up to where the pages
+its next query's window reads still have window KV (`win_index`, from `window_stored` /
+`window_removed`), so `matched_pages` is cut there, as the engine's own match is.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class EngineView:
     page_size: int = 0  # 0 until the first Watch message
     seq: int = 0  # last cache-event batch applied (0: none)
     index: set[int] = field(default_factory=set)
+    window: int = 0  # the engine's sliding window in tokens (0: no window pool)
+    win_index: set[int] = field(default_factory=set)  # pages whose window KV is cached too
     predicted: dict[int, float] = field(default_factory=dict)  # hash -> expiry (monotonic)
     load: scheduler_pb2.EngineLoad = field(default_factory=scheduler_pb2.EngineLoad)
     routed_since_report: int = 0
@@ -46,16 +53,23 @@ class EngineView:
 
     def apply(self, msg: scheduler_pb2.WatchResponse) -> bool:
         """Apply one Watch message; False when a batch is missing (reopen the stream)."""
-        if msg.page_size:
+        if msg.page_size:  # every message of an engine says both (window 0 from older ones)
             self.page_size = msg.page_size
+            self.window = msg.window
         if msg.snapshot:
             self.index = set(msg.stored)
+            self.win_index = set(msg.window_stored)
             self.seq = msg.seq
-        elif msg.stored or msg.removed:
+        elif msg.stored or msg.removed or msg.window_stored or msg.window_removed:
             if msg.seq != self.seq + 1:
                 return False
             self.index.update(msg.stored)
             self.index.difference_update(msg.removed)
+            if self.window or msg.window_stored or msg.window_removed:
+                win = self.win_index
+                win.update(msg.window_stored)
+                win.difference_update(msg.window_removed)
+                win.difference_update(msg.removed)  # a page evicted loses its window KV too
             self.seq = msg.seq
         if msg.HasField("load"):
             self.load = msg.load
@@ -109,7 +123,8 @@ class EngineView:
         return float(min(cap - self.load.running_requests - extra, cap - self.inflight))
 
     def matched_pages(self, hashes: Sequence[int], now: float) -> int:
-        """Leading pages of a prompt (its page hashes) cached here or predicted to be."""
+        """Leading pages of a prompt (its page hashes) cached here or predicted to be; on an
+        engine with a window pool, only as many as its windowed layers can carry on from."""
         n = 0
         index, predicted = self.index, self.predicted
         for h in hashes:
@@ -120,7 +135,25 @@ class EngineView:
             if expiry is None or expiry < now:
                 break
             n += 1
+        if self.window and n:
+            return self._usable(hashes, n, now)
         return n
+
+    def _usable(self, hashes: Sequence[int], n: int, now: float) -> int:
+        """The longest h <= n whose pages from the first one a query at h * page_size reads are
+        all cached with window KV (or predicted: a prompt routed here leaves its window cached);
+        the scheduler's kv_window.usable_pages over page hashes."""
+        ps, window, win, predicted = self.page_size, self.window, self.win_index, self.predicted
+        run = best = 0
+        for h in range(1, n + 1):
+            key = hashes[h - 1]
+            if key in win or predicted.get(key, -1.0) >= now:
+                run += 1
+            else:
+                run = 0
+            if run >= h - max(0, (h * ps - window + 1) // ps):
+                best = h
+        return best
 
     def note_routed(self, hashes: Sequence[int], now: float | None = None) -> None:
         self.routed_since_report += 1

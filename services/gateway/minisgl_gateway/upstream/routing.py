@@ -14,7 +14,8 @@ sticky: a session key (OpenAI `user`, or the x-session-id header) picks its engi
 hashing over the usable engines, so a session keeps its engine while the set is stable and only
 the sessions of an engine that leaves move; the same balance threshold applies.
 A request's cache salt seeds its page hashes as the scheduler's events do (prefix_hash.salt_seed):
-a salted prompt matches only pages cached under the same salt.
+a salted prompt matches only pages cached under the same salt. On engines with sliding-window
+layers a prefix counts only as far as its window KV is still cached (EngineView.matched_pages).
 """
 
 from __future__ import annotations

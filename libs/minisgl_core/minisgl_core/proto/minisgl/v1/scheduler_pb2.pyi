@@ -151,17 +151,23 @@ class EngineLoad(_message.Message):
     def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., used_pages: _Optional[int] = ..., total_pages: _Optional[int] = ..., cached_pages: _Optional[int] = ..., draining: bool = ..., max_running_requests: _Optional[int] = ..., watchers: _Optional[int] = ..., worker_down: bool = ...) -> None: ...
 
 class WatchResponse(_message.Message):
-    __slots__ = ("seq", "snapshot", "stored", "removed", "load", "page_size")
+    __slots__ = ("seq", "snapshot", "stored", "removed", "load", "page_size", "window", "window_stored", "window_removed")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_STORED_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_REMOVED_FIELD_NUMBER: _ClassVar[int]
     seq: int
     snapshot: bool
     stored: _containers.RepeatedScalarFieldContainer[int]
     removed: _containers.RepeatedScalarFieldContainer[int]
     load: EngineLoad
     page_size: int
-    def __init__(self, seq: _Optional[int] = ..., snapshot: bool = ..., stored: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., page_size: _Optional[int] = ...) -> None: ...
+    window: int
+    window_stored: _containers.RepeatedScalarFieldContainer[int]
+    window_removed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq: _Optional[int] = ..., snapshot: bool = ..., stored: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., page_size: _Optional[int] = ..., window: _Optional[int] = ..., window_stored: _Optional[_Iterable[int]] = ..., window_removed: _Optional[_Iterable[int]] = ...) -> None: ...
