@@ -140,10 +140,11 @@ def _convert(mod: ColumnParallelLinear | RowParallelLinear, name: str,
                 f"tp_size={tp().size} splits {name}'s {mod.in_features} input features into "
                 f"{k_local} per rank, cutting a {GROUP}-wide fp8 scale block (block-quantized "
                 f"checkpoints need input features per rank divisible by {GROUP})")
-        loader = _column_blocks(mod) if col else _row_blocks(mod)
+        loader = _column_blocks(mod) if isinstance(mod, ColumnParallelLinear) else \
+            _row_blocks(mod)
         mod.weight_block_scale = _scale_param((n, groups(k_local)), w.device, loader, shards)
         return
-    loader = _column_rows(mod) if col else _row_rows
+    loader = _column_rows(mod) if isinstance(mod, ColumnParallelLinear) else _row_rows
     mod.weight_scale = _scale_param((n, 1), w.device, loader, shards)
     if quant.static_activations:
         mod.input_scale = _scale_param((1,), w.device, _max_scalar, shards)

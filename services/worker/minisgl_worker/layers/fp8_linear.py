@@ -100,6 +100,8 @@ class Fp8Linear(nn.Module):
 
     weight: nn.Parameter
     weight_scale: torch.Tensor | None
+    weight_block_scale: torch.Tensor | None
+    input_scale: torch.Tensor | None
 
     def __init__(self) -> None:
         super().__init__()
