@@ -78,7 +78,7 @@ def write_fp8_checkpoint(src: Path, dst: Path, fmt: str, ignore: list[str] = (),
     quantized in format `fmt`; returns the dequantized state dict (all tensors, fp32).
     input_amax: a module's calibrated max |input| for static formats (default 8)."""
     assert fmt in FORMATS, fmt
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors*"))
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors*"), dirs_exist_ok=True)
     state: dict[str, torch.Tensor] = {}
     for f in sorted(src.glob("*.safetensors")):
         state.update(load_file(str(f)))
