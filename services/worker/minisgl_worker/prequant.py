@@ -42,7 +42,7 @@ class CheckpointQuant:
     def describe(self) -> str:
         acts = "static per-tensor" if self.static_activations else (
             f"dynamic per-token-group({BLOCK})" if self.block else "dynamic per-token")
-        return f"{self.method} fp8 e4m3, {self.scheme} weight scales, {acts} activations"
+        return f"quant_method {self.method}: e4m3 weights, {self.scheme} scales, {acts} activations"
 
 
 def _refuse(field: str, value: object, why: str) -> ValueError:
