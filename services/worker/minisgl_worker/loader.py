@@ -21,6 +21,7 @@ from safetensors import safe_open
 
 from .model_config import ModelConfig
 from .models import CausalLM, model_class
+from .prequant_load import bytes_by_format, finalize, keeps_fp8, prepare, target_fn
 from .quantize import quantize_model
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def checkpoint_files(model_path: str | Path) -> list[Path]:
 
 def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -> None:
     params = dict(model.named_parameters())
+    target_of = target_fn(model, model.cfg.quant)  # scale tensors of an fp8 checkpoint too
     loaded: dict[str, set[object]] = {}  # parameter -> shard ids filled
     unmatched: list[str] = []
     beyond: set[int] = set()  # layers past num_hidden_layers (MTP heads, a truncated config)
@@ -73,7 +75,7 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
                 if reason is not None:
                     skipped[reason] = skipped.get(reason, 0) + 1
                     continue
-                target = model.weight_target(name)
+                target = target_of(name)
                 if target is None:
                     continue
                 pname, shard_id = target
@@ -85,8 +87,10 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
                     else:
                         unmatched.append(name)
                     continue
+                src = f.get_slice(name)
+                _check_fp8(name, src.get_dtype(), param)
                 # weight_loader / num_shards: attributes layers/weights.py sets on each Parameter.
-                param.weight_loader(param, f.get_slice(name), shard_id)  # type: ignore[attr-defined]
+                param.weight_loader(param, src, shard_id)  # type: ignore[attr-defined]
                 loaded.setdefault(pname, set()).add(shard_id)
     for reason, count in skipped.items():
         log.info("skipped %d checkpoint tensors: %s", count, reason)
@@ -105,6 +109,18 @@ def load_safetensors(model: CausalLM, files: list[Path], device: torch.device) -
     if missing:
         raise ValueError(f"checkpoint lacks tensors for {len(missing)} parameters, e.g. "
                          f"{missing[:5]}")
+
+
+def _check_fp8(name: str, src_dtype: str, param: torch.nn.Parameter) -> None:
+    """An fp8 tensor fills only an fp8 parameter (one with scales, prequant_load.py), and an
+    fp8 parameter only fp8 tensors: copying one into the other would silently change the values."""
+    src_fp8, dst_fp8 = src_dtype.startswith("F8"), param.dtype == torch.float8_e4m3fn
+    if src_fp8 == dst_fp8 and (not src_fp8 or src_dtype == "F8_E4M3"):
+        return
+    want = "an fp8 e4m3 weight with its scales" if dst_fp8 else str(param.dtype)
+    raise ValueError(f"checkpoint tensor {name!r} is {src_dtype} where {want} was expected "
+                     "(a quantized tensor without scales, or scales without fp8 weights); "
+                     "refusing to serve weights that would load wrong")
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -144,7 +160,15 @@ def load_model(model_path: str | Path, cfg: ModelConfig, load_format: str, max_p
         if not files:
             raise FileNotFoundError(
                 f"no *.safetensors in {model_path}; pass --load-format dummy for random weights")
+        prepare(model, cfg, files, quantization)
         load_safetensors(model, files, device)
+        if cfg.quant is not None:
+            keep = keeps_fp8(device, dtype)
+            n = finalize(model, keep, dtype)
+            log.info("pre-quantized checkpoint (%s): %d projections fp8, %s", cfg.quant.describe(),
+                     n, "kept in fp8 (fp8 GEMMs)" if keep else
+                     f"dequantized to {dtype} at load (no fp8 tensor cores or not bf16)")
+    log.info("weight bytes by format: %s", bytes_by_format(model))
     if quantize_model(model, quantization):
         log.info("quantized the projections and experts to %s", quantization)
         if device.type == "cuda":  # the KV cache is sized from free memory next

@@ -14,20 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from . import gemma3_config
+from .prequant import CheckpointQuant, checkpoint_quant
 
 
-def refuse_quantized(d: dict[str, Any]) -> None:
-    """A checkpoint quantized by its publisher (FP8 blocks, AWQ, GPTQ, compressed-tensors, MXFP4)
-    stores weights this engine cannot read yet: computing with them as if they were bf16 would
-    answer garbage, so start-up stops here, naming the method. (`--quantization fp8` quantizes a
-    bf16 checkpoint at load and needs no quantization_config.)"""
-    qc = d.get("quantization_config") or d.get("compression_config")
-    if not qc:
-        return
-    method = qc.get("quant_method", "?") if isinstance(qc, dict) else qc
-    raise ValueError(f"config.json quantization_config.quant_method={method!r} is not supported: "
-                     "pre-quantized checkpoints cannot be served yet; use the bf16/fp16 "
-                     "checkpoint (optionally with --quantization fp8)")
+def refuse_quantized(d: dict[str, Any]) -> CheckpointQuant | None:
+    """A checkpoint quantized by its publisher loads only in the FP8 formats prequant.py
+    implements; any other (AWQ, GPTQ, MXFP4, int or packed compressed-tensors, an fp8 setting
+    not implemented) stores weights this engine cannot read: computing with them as if they were
+    bf16 would answer garbage, so start-up stops here, naming the field and its value.
+    (`--quantization fp8` quantizes a bf16 checkpoint at load and needs no quantization_config.)"""
+    return checkpoint_quant(d)
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -83,6 +79,8 @@ class ModelConfig:
     # own (rope_parameters per layer type); None: every layer uses rope_theta / rope_scaling
     sliding_rope: tuple[float, dict[str, Any] | None] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    # a pre-quantized (FP8) checkpoint's format (prequant.py); None: unquantized weights
+    quant: CheckpointQuant | None = None
 
     def layer_rope(self, layer: int) -> tuple[float, dict[str, Any] | None]:
         """The (theta, scaling) of `layer`'s rotary embedding."""
@@ -105,7 +103,7 @@ class ModelConfig:
         archs = d.get("architectures") or []
         if not archs:
             raise ValueError("config.json has no 'architectures' entry")
-        refuse_quantized(d)
+        quant = refuse_quantized(d)
         if gemma3_config.is_gemma3(d):
             d = gemma3_config.text_config(d)
         rope: dict[str, Any] = dict(d.get("rope_parameters") or {})
@@ -171,6 +169,7 @@ class ModelConfig:
             layer_types=layer_types,
             sliding_rope=sliding_rope,
             raw=d,
+            quant=quant,
         )
 
     @classmethod

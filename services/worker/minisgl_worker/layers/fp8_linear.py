@@ -3,6 +3,11 @@ with one fp32 scale each after loading (quantize.py does that), and the product 
 our GEMV for one row, our Triton GEMM (kernels/fp8_gemm.py) for decode-sized batches,
 torch._scaled_mm above (MINISGL_FP8_GEMM=scaled_mm: for all), the fp32 reference formula
 elsewhere. The format and the formula are in fp8.py.
+
+A pre-quantized checkpoint (prequant.py, loaded by prequant_load.py) fills the same layer with
+its own fp8 weights and one of: per-row scales (`weight_scale`, the path above, optionally with a
+static activation scale `input_scale`), or 128x128 block scales held per row
+(`weight_block_scale` [N, ceil(K/128)], fp8_block.py; kernels/fp8_block_gemm.py on the GPU).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from torch import nn
 
 from .. import env
 from ..fp8 import Fp8Rows, has_fp8_tensor_cores, quantize_rows, reference_product, silu_mul_rows
+from ..fp8_block import block_reference, quantize_groups, quantize_static, static_reference
 from ..kernels import fused_ops
 
 
@@ -58,15 +64,52 @@ def _fp8_product(qx: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: t
     return y + bias if bias is not None else y
 
 
+def block_linear(x: torch.Tensor, w: torch.Tensor, row_scales: torch.Tensor,
+                 bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
+    """x [M, K] @ W.T with fp8 w [N, K] and its block scales per row [N, ceil(K/128)],
+    activations quantized per token and 128-group; our Triton kernel on fp8 GPUs, the fp32
+    reference elsewhere."""
+    if silu_mul:
+        x = silu_mul_rows(x)
+    if x.is_cuda and has_fp8_tensor_cores(x.device):
+        from ..kernels.fp8_block_gemm import fp8_block_gemm  # imports triton
+
+        qx, sx = quantize_groups(x)
+        y = fp8_block_gemm(qx, w, sx, row_scales, x.dtype)
+    else:
+        y = block_reference(x, w, row_scales).to(x.dtype)
+    return y + bias if bias is not None else y
+
+
+def static_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                  input_scale: torch.Tensor, bias: torch.Tensor | None = None,
+                  silu_mul: bool = False) -> torch.Tensor:
+    """Per-row weight scales with a checkpoint's static activation scale (one for all rows)."""
+    if silu_mul:
+        x = silu_mul_rows(x)
+    if x.shape[0] > 0 and _scaled_mm_usable(x):
+        qx = quantize_static(x, input_scale)
+        sx = input_scale.float().reshape(1, 1).expand(x.shape[0], 1).contiguous()
+        return _fp8_product(qx, sx, w, w_scale, x.dtype, bias)
+    y = static_reference(x, w, w_scale, input_scale).to(x.dtype)
+    return y + bias if bias is not None else y
+
+
 class Fp8Linear(nn.Module):
     """What the parallel linear layers share: a weight that may be quantized after loading."""
 
     weight: nn.Parameter
     weight_scale: torch.Tensor | None
+    weight_block_scale: torch.Tensor | None
+    input_scale: torch.Tensor | None
 
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("weight_scale", None)  # [N, 1] fp32 once quantized
+        # pre-quantized checkpoints only (prequant_load.py): block scales per row
+        # [N, ceil(K/128)] fp32, and a static activation scale (a 1-element fp32 tensor)
+        self.register_buffer("weight_block_scale", None)
+        self.register_buffer("input_scale", None)
 
     def quantize_fp8(self) -> None:
         """Replace the loaded weight by its fp8 rows and their scales (frees the original)."""
@@ -80,6 +123,13 @@ class Fp8Linear(nn.Module):
 
     def matmul(self, x: torch.Tensor | Fp8Rows, bias: torch.Tensor | None = None,
                silu_mul: bool = False) -> torch.Tensor:
+        if self.weight_block_scale is not None:
+            assert isinstance(x, torch.Tensor), "no norm feeds a block-scaled layer Fp8Rows"
+            return block_linear(x, self.weight, self.weight_block_scale, bias, silu_mul)
+        if self.weight_scale is not None and self.input_scale is not None:
+            assert isinstance(x, torch.Tensor), "no norm feeds a static-scaled layer Fp8Rows"
+            return static_linear(x, self.weight, self.weight_scale, self.input_scale, bias,
+                                 silu_mul)
         if self.weight_scale is not None:
             return linear(x, self.weight, self.weight_scale, bias, silu_mul)
         assert isinstance(x, torch.Tensor), "Fp8Rows reach fp8 layers only"
