@@ -41,7 +41,7 @@ WORKER_LAYERS: list[tuple[str, list[str]]] = [
     # rank 0's TPGroup, which spawns a module it is given by name): no model knowledge
     ("foundation", ["minisgl_worker", "minisgl_worker.env", "minisgl_worker.config",
                     "minisgl_worker.model_config", "minisgl_worker.gemma3_config",
-                    "minisgl_worker.fp8",
+                    "minisgl_worker.prequant", "minisgl_worker.fp8", "minisgl_worker.fp8_block",
                     "minisgl_worker.distributed"]),
     ("kernels", ["minisgl_worker.kernels"]),  # every @triton.jit and its launcher
     # per-slot sampling state, the plan, the draw, logit bias, grammar masks, the TP draw: reads
@@ -51,7 +51,8 @@ WORKER_LAYERS: list[tuple[str, list[str]]] = [
     ("attention", ["minisgl_worker.attention"]),
     ("layers", ["minisgl_worker.layers"]),  # nn modules
     ("models", ["minisgl_worker.models"]),
-    ("loading", ["minisgl_worker.loader", "minisgl_worker.quantize"]),
+    ("loading", ["minisgl_worker.loader", "minisgl_worker.quantize",
+                 "minisgl_worker.prequant_load"]),
     # Engine, ModelRunner, TP followers, plan building, CUDA graphs
     ("engine", ["minisgl_worker.engine"]),
     ("service", ["minisgl_worker.server", "minisgl_worker.convert", "minisgl_worker.step_trace",
