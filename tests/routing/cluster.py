@@ -10,12 +10,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from minisgl.launcher import Stack
+from minisgl.launcher import Stack, StackConfig
 from minisgl_core.ports import free_port
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2, scheduler_pb2_grpc
 from minisgl_core.serving import wait_for_health
@@ -68,6 +69,31 @@ class Cluster:
         tmp = self.engine_file.with_suffix(".tmp")
         tmp.write_text("\n".join(targets) + "\n")
         os.replace(tmp, self.engine_file)  # never a half-written list
+
+
+@contextmanager
+def running_cluster(model: Path, log_dir: Path, engines: int, routing: str,
+                    gateway_args: tuple[str, ...] = (),
+                    scheduler_args: tuple[str, ...] = ()) -> Iterator[Cluster]:
+    """`engines` engines behind one gateway that reads them from a file (`Cluster.write_engines`
+    changes the set), routing with `routing`; stopped on exit."""
+    engine_file = log_dir / "engines.txt"
+    extra = {"gateway": ["--scheduler", f"file://{engine_file}", *gateway_args,
+                         "--routing", routing]}
+    if scheduler_args:
+        extra["scheduler"] = list(scheduler_args)
+    config = StackConfig(
+        model_path=str(model), http_port=free_port(), grpc_port=free_port(),
+        internal_ports=dict.fromkeys(("worker", "tokenizer", "detokenizer", "scheduler"), 0),
+        engine_replicas=engines, log_dir=log_dir, internal_token=False, extra_args=extra)
+    stack = Stack(config)
+    cluster = Cluster(stack, engine_file)
+    cluster.write_engines(stack.scheduler_targets)
+    stack.start()
+    try:
+        yield cluster
+    finally:
+        stack.stop()
 
 
 @dataclass

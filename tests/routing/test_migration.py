@@ -14,10 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from minisgl.launcher import Stack, StackConfig
-from minisgl_core.ports import free_port
 
-from .cluster import Cluster, metric, scrape, wait_until
+from .cluster import Cluster, metric, running_cluster, scrape, wait_until
 from .streams import MAX_TOKENS, requests, run
 
 N = int(os.environ.get("MINISGL_MIGRATION_STREAMS", "16"))
@@ -26,22 +24,9 @@ VICTIM = 1
 
 @pytest.fixture
 def pair(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    log_dir = tmp_path_factory.mktemp("migration")
-    engine_file = log_dir / "engines.txt"
-    config = StackConfig(
-        model_path=str(tiny_model_path), http_port=free_port(), grpc_port=free_port(),
-        internal_ports=dict.fromkeys(("worker", "tokenizer", "detokenizer", "scheduler"), 0),
-        engine_replicas=2, log_dir=log_dir, internal_token=False,
-        extra_args={"gateway": ["--scheduler", f"file://{engine_file}",
-                                "--routing", "round_robin"]})
-    stack = Stack(config)
-    cluster = Cluster(stack, engine_file)
-    cluster.write_engines(stack.scheduler_targets)
-    stack.start()
-    try:
+    with running_cluster(tiny_model_path, tmp_path_factory.mktemp("migration"), 2,
+                         "round_robin") as cluster:
         yield cluster
-    finally:
-        stack.stop()
 
 
 @pytest.mark.parametrize("victims", [("scheduler", "worker"), ("worker",)],

@@ -19,12 +19,10 @@ from pathlib import Path
 import grpc
 import openai
 import pytest
-from minisgl.launcher import Stack, StackConfig
-from minisgl_core.ports import free_port
 from minisgl_core.prefix_hash import page_hashes
 from minisgl_core.proto.minisgl.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from .cluster import Cluster, metric, scrape, start_gateway, wait_until
+from .cluster import Cluster, metric, running_cluster, scrape, start_gateway, wait_until
 
 ENGINES = 3
 GROUPS, PER_GROUP = 8, 6  # shared-prefix workload: system prompts x requests each, interleaved
@@ -33,24 +31,10 @@ SYSTEM_LEN, QUESTION_LEN = 192, 16  # tokens (12 + 1 pages of 16 on CPU)
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    log_dir = tmp_path_factory.mktemp("routing")
-    engine_file = log_dir / "engines.txt"
-    config = StackConfig(
-        model_path=str(tiny_model_path), http_port=free_port(), grpc_port=free_port(),
-        internal_ports=dict.fromkeys(("worker", "tokenizer", "detokenizer", "scheduler"), 0),
-        engine_replicas=ENGINES, log_dir=log_dir, internal_token=False,
-        extra_args={
-            "gateway": ["--scheduler", f"file://{engine_file}", "--discovery-interval", "0.3",
-                        "--routing", "cache_aware"],
-            "scheduler": ["--max-running-requests", "4"]})
-    stack = Stack(config)
-    cluster = Cluster(stack, engine_file)
-    cluster.write_engines(stack.scheduler_targets)
-    stack.start()
-    try:
+    with running_cluster(tiny_model_path, tmp_path_factory.mktemp("routing"), ENGINES,
+                         "cache_aware", gateway_args=("--discovery-interval", "0.3"),
+                         scheduler_args=("--max-running-requests", "4")) as cluster:
         yield cluster
-    finally:
-        stack.stop()
 
 
 def _client(url: str) -> openai.OpenAI:

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import openai
 import pytest
-from minisgl.launcher import Stack, StackConfig
-from minisgl_core.ports import free_port
 
-from .cluster import Cluster, metric, scrape, wait_until
+from .cluster import Cluster, metric, running_cluster, scrape, wait_until
 from .streams import MAX_TOKENS, Stream, run
 
 N = 8
@@ -33,23 +31,10 @@ def greedy_requests(n: int) -> list[Stream]:
 
 @pytest.fixture
 def pair(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    log_dir = tmp_path_factory.mktemp("worker-down")
-    engine_file = log_dir / "engines.txt"
     # least_load: the engine whose requests all just failed is the least loaded one there is.
-    config = StackConfig(
-        model_path=str(tiny_model_path), http_port=free_port(), grpc_port=free_port(),
-        internal_ports=dict.fromkeys(("worker", "tokenizer", "detokenizer", "scheduler"), 0),
-        engine_replicas=2, log_dir=log_dir, internal_token=False,
-        extra_args={"gateway": ["--scheduler", f"file://{engine_file}",
-                                "--routing", "least_load"]})
-    stack = Stack(config)
-    cluster = Cluster(stack, engine_file)
-    cluster.write_engines(stack.scheduler_targets)
-    stack.start()
-    try:
+    with running_cluster(tiny_model_path, tmp_path_factory.mktemp("worker-down"), 2,
+                         "least_load") as cluster:
         yield cluster
-    finally:
-        stack.stop()
 
 
 def _complete_all(url: str, n: int) -> None:
