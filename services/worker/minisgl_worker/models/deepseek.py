@@ -13,7 +13,6 @@ and logs it. Config fields this engine does not implement stop start-up, naming 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -26,8 +25,7 @@ from ..layers.mla import MultiLatentAttention
 from ..layers.mlp import GatedMLP
 from ..model_config import ModelConfig
 from .decoder import CausalLM
-
-_EXPERT_RE = re.compile(r"^(.*\.mlp\.)experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+from .qwen3_moe import expert_target
 
 
 def _yarn_mscale(scale: float, mscale: float) -> float:
@@ -151,13 +149,7 @@ class DeepseekV2ForCausalLM(CausalLM):
     def weight_target(self, name: str) -> tuple[str, Any] | None:
         if ".self_attn." in name and "rotary_emb" not in name:
             return name, None  # q_proj is DeepSeek's own, not part of a packed qkv
-        m = _EXPERT_RE.match(name)
-        if m is None:
-            return super().weight_target(name)
-        prefix, expert, kind = m.group(1), int(m.group(2)), m.group(3)
-        if kind == "down_proj":
-            return f"{prefix}w2", (expert, 0)
-        return f"{prefix}w13", (expert, 0 if kind == "gate_proj" else 1)
+        return expert_target(name) or super().weight_target(name)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

@@ -29,10 +29,16 @@ class Qwen3MoeForCausalLM(CausalLM):
                               cfg.num_experts_per_tok, cfg.norm_topk_prob)
 
     def weight_target(self, name: str) -> tuple[str, Any] | None:
-        m = _EXPERT_RE.match(name)
-        if m is None:
-            return super().weight_target(name)
-        prefix, expert, kind = m.group(1), int(m.group(2)), m.group(3)
-        if kind == "down_proj":
-            return f"{prefix}w2", (expert, 0)
-        return f"{prefix}w13", (expert, 0 if kind == "gate_proj" else 1)
+        return expert_target(name) or super().weight_target(name)
+
+
+def expert_target(name: str) -> tuple[str, tuple[int, int]] | None:
+    """A per-expert checkpoint tensor (mlp.experts.{e}.{gate,up,down}_proj.weight) -> the
+    stacked w13 / w2 parameter and its (expert, part) shard id; None for any other tensor."""
+    m = _EXPERT_RE.match(name)
+    if m is None:
+        return None
+    prefix, expert, kind = m.group(1), int(m.group(2)), m.group(3)
+    if kind == "down_proj":
+        return f"{prefix}w2", (expert, 0)
+    return f"{prefix}w13", (expert, 0 if kind == "gate_proj" else 1)
