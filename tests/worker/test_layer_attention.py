@@ -23,23 +23,14 @@ from minisgl_worker.attention.triton_backend import TritonBackend
 from minisgl_worker.engine import Engine, EngineConfig
 from minisgl_worker.engine.batch import PlanBuilder
 
-from .tiny_models import COMMON, VOCAB
+from .tiny_models import VOCAB, windowed_mistral
 
 WINDOW = 6
 SEQ = [(7 * i + 3) % VOCAB for i in range(22)]
 
 
 def _windowed_mistral(path: Path):  # noqa: ANN202 - a transformers model
-    import transformers as tf
-
-    cfg = tf.MistralConfig(**COMMON, head_dim=16, sliding_window=WINDOW)
-    torch.manual_seed(0)
-    model = tf.MistralForCausalLM(cfg).eval()
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.15 * noise)
+    model = windowed_mistral(WINDOW, seed=2)
     model.save_pretrained(path, safe_serialization=True)
     return model
 

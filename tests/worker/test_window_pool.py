@@ -14,22 +14,13 @@ from minisgl_core.sampling import SamplingParams
 from minisgl_scheduler import Scheduler, SchedulerConfig
 from minisgl_worker.engine import Engine, EngineConfig
 
-from .tiny_models import COMMON, VOCAB
+from .tiny_models import VOCAB, windowed_mistral
 
 WINDOW, PS, WINDOW_PAGES = 8, 4, 12
 
 
 def _model(path: Path):  # noqa: ANN202 - a transformers model
-    import transformers as tf
-
-    cfg = tf.MistralConfig(**COMMON, head_dim=16, sliding_window=WINDOW)
-    torch.manual_seed(0)
-    model = tf.MistralForCausalLM(cfg).eval()
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.15 * noise)
+    model = windowed_mistral(WINDOW, seed=3)
     model.save_pretrained(path, safe_serialization=True)
     return model
 

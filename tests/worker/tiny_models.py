@@ -78,6 +78,13 @@ def build_hf_model(arch: str, seed: int = 0):  # noqa: ANN201 - a transformers m
 
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(hf_config(arch), dtype=torch.float32)
+    return randomize(model, seed)
+
+
+def randomize(model, seed: int):  # noqa: ANN001, ANN201 - a transformers model
+    """Every weight of `model` drawn from a generator seeded `seed`: norm scales near 1, the
+    rest (biases too) at 0.15 scale, sinks as large as attention logits, DeepSeek-V3's
+    correction bias (a buffer) random too; the model in eval mode."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -94,6 +101,15 @@ def build_hf_model(arch: str, seed: int = 0):  # noqa: ANN201 - a transformers m
             if name.endswith("e_score_correction_bias"):  # DeepSeek-V3: picks, never weighs
                 b.copy_(0.3 * torch.randn(b.shape, generator=gen))
     return model.eval()
+
+
+def windowed_mistral(window: int, seed: int):  # noqa: ANN201 - a transformers model
+    """A tiny Mistral whose every layer attends through a `window`-token sliding window."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.MistralForCausalLM(tf.MistralConfig(**COMMON, head_dim=16, sliding_window=window))
+    return randomize(model, seed)
 
 
 def save_tiny(arch: str, path: Path, seed: int = 0, max_shard_size: str | None = None) -> Path:
