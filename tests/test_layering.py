@@ -42,7 +42,7 @@ WORKER_LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["minisgl_worker", "minisgl_worker.env", "minisgl_worker.config",
                     "minisgl_worker.model_config", "minisgl_worker.gemma3_config",
                     "minisgl_worker.prequant", "minisgl_worker.fp8", "minisgl_worker.fp8_block",
-                    "minisgl_worker.distributed"]),
+                    "minisgl_worker.quant", "minisgl_worker.distributed"]),
     ("kernels", ["minisgl_worker.kernels"]),  # every @triton.jit and its launcher
     # per-slot sampling state, the plan, the draw, logit bias, grammar masks, the TP draw: reads
     # logits and slots, knows no model
@@ -52,7 +52,7 @@ WORKER_LAYERS: list[tuple[str, list[str]]] = [
     ("layers", ["minisgl_worker.layers"]),  # nn modules
     ("models", ["minisgl_worker.models"]),
     ("loading", ["minisgl_worker.loader", "minisgl_worker.quantize",
-                 "minisgl_worker.prequant_load"]),
+                 "minisgl_worker.prequant_load", "minisgl_worker.quant_load"]),
     # Engine, ModelRunner, TP followers, plan building, CUDA graphs
     ("engine", ["minisgl_worker.engine"]),
     ("service", ["minisgl_worker.server", "minisgl_worker.convert", "minisgl_worker.step_trace",

@@ -110,6 +110,9 @@ class Fp8Linear(nn.Module):
         # [N, ceil(K/128)] fp32, and a static activation scale (a 1-element fp32 tensor)
         self.register_buffer("weight_block_scale", None)
         self.register_buffer("input_scale", None)
+        # other pre-quantized formats (W4A16, INT8: quant_load/): a module holding the packed
+        # weight and its scales as parameters, computing x @ W.T; `weight` is then removed
+        self.packed: nn.Module | None = None
 
     def quantize_fp8(self) -> None:
         """Replace the loaded weight by its fp8 rows and their scales (frees the original)."""
@@ -123,6 +126,10 @@ class Fp8Linear(nn.Module):
 
     def matmul(self, x: torch.Tensor | Fp8Rows, bias: torch.Tensor | None = None,
                silu_mul: bool = False) -> torch.Tensor:
+        if self.packed is not None:
+            assert isinstance(x, torch.Tensor), "no norm feeds a packed layer Fp8Rows"
+            y = self.packed(silu_mul_rows(x) if silu_mul else x)
+            return y + bias if bias is not None else y
         if self.weight_block_scale is not None:
             assert isinstance(x, torch.Tensor), "no norm feeds a block-scaled layer Fp8Rows"
             return block_linear(x, self.weight, self.weight_block_scale, bias, silu_mul)
