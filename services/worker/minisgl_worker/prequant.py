@@ -30,10 +30,13 @@ BLOCK = 128  # the only block size (and activation group) implemented
 class CheckpointQuant:
     """A pre-quantized checkpoint's format, as the loader and the layers need it."""
 
-    method: str  # "fp8" | "compressed-tensors": what config.json says
-    scheme: str  # "block" | "tensor" | "channel": how weight scales are laid out (module doc)
+    method: str  # "fp8" | "compressed-tensors" | ...: what config.json says
+    # "block" | "tensor" | "channel": fp8 weight scales (module doc); other formats name
+    # themselves ("w4", "int8", "mxfp4") and keep their settings in `details`
+    scheme: str
     static_activations: bool  # activations use the checkpoint's `input_scale` (per tensor)
     ignored: tuple[str, ...] = ()  # modules the config says stay unquantized (for the log)
+    details: object = None  # a format's own settings (a dataclass of its quant/ module)
 
     @property
     def block(self) -> int | None:
