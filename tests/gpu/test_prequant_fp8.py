@@ -40,7 +40,12 @@ def _us(fn, reps: int = 50) -> float:  # noqa: ANN001
 
 def check_kernels() -> list[str]:
     from minisgl_worker.fp8 import quantize_rows
-    from minisgl_worker.fp8_block import block_reference, quantize_groups, static_reference
+    from minisgl_worker.fp8_block import (
+        block_reference,
+        dequantize_blocks,
+        quantize_groups,
+        static_reference,
+    )
     from minisgl_worker.kernels.fp8_block_gemm import fp8_block_gemm
     from minisgl_worker.layers.fp8_linear import block_linear, static_linear
 
@@ -57,10 +62,14 @@ def check_kernels() -> list[str]:
             got = fp8_block_gemm(qx, qw, sx, sw, torch.float32)
             err = ((got - want).abs().max() / want.abs().max()).item()
             full = block_linear(x, qw, sw)
-            err_bf16 = ((full.float() - want).abs().max() / want.abs().max()).item()
+            # one row runs weight-only (the GEMV): its formula leaves the activation unrounded
+            want_full = x.float() @ dequantize_blocks(qw, sw).t() if m == 1 else want
+            err_bf16 = ((full.float() - want_full).abs().max() / want_full.abs().max()).item()
             t_fp8 = _us(lambda x=x, qw=qw, sw=sw: block_linear(x, qw, sw))
             t_bf16 = _us(lambda x=x, wb=wb: torch.nn.functional.linear(x, wb))
-            ok = err < 1e-4 and err_bf16 < 1e-2
+            # wgmma's fp8 products (BLOCK_M >= 64) accumulate in reduced precision inside a
+            # 128-group before the fp32 promotion: ~1.5e-4 of the output's range
+            ok = err < 1e-3 and err_bf16 < 1e-2
             print(f"block N={n} K={k} M={m}: kernel err {err:.1e}, bf16 out {err_bf16:.1e}; "
                   f"{t_fp8:.1f} us (quantization included) vs bf16 {t_bf16:.1f} us"
                   f"{'' if ok else '  FAIL'}")

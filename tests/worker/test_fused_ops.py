@@ -159,3 +159,24 @@ def test_mlp_and_lm_head_route_one_row_through_gemv(monkeypatch: pytest.MonkeyPa
 
 def test_layers_use_torch_on_cpu() -> None:
     assert not fused_ops.usable(torch.zeros(1))  # CPU serving never goes through the kernels
+
+
+@pytest.mark.parametrize(("n", "k", "config"), [
+    (9, 600, (2, 256, 4, 2)),  # a short last group, rows past N masked
+    (16, 1024, (8, 1024, 4, 2)),  # the GPU's config: 8 groups a step
+    (4, 384, (4, 128, 4, 2)),  # one group a step
+])
+@pytest.mark.parametrize("silu_mul", [False, True])
+def test_gemv_with_group_scales(n: int, k: int, config: tuple[int, int, int, int],
+                                silu_mul: bool) -> None:
+    """Block-quantized fp8 checkpoints' one-row product: each 128-wide K group of a weight row
+    has its own scale (fp8_block.py); against the dequantized weight."""
+    from minisgl_worker.fp8_block import dequantize_blocks
+
+    x = _randn(1, 2 * k if silu_mul else k)
+    w = (_randn(n, k) * 40).to(torch.float8_e4m3fn)
+    s = torch.rand(n, -(-k // 128)) + 0.5
+    got = fused_ops.gemv(x, w, silu_mul=silu_mul, w_scale=s, scale_group=128, config=config)
+    act = torch.nn.functional.silu(x[:, :k]) * x[:, k:] if silu_mul else x
+    want = act @ dequantize_blocks(w, s).t()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)

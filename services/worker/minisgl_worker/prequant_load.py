@@ -228,6 +228,10 @@ def finalize(model: nn.Module, keep_fp8: bool, dtype: torch.dtype) -> int:
             continue
         count += 1
         if keep_fp8:
+            if mod.weight_block_scale is not None:
+                from .kernels.fp8_block_gemm import whole_blocks  # imports triton
+
+                mod.weight_blocks = whole_blocks(mod.weight_block_scale.data)
             continue
         if mod.weight_block_scale is not None:
             w = dequantize_blocks(mod.weight.data, mod.weight_block_scale.data)

@@ -52,6 +52,81 @@ def _fp8_block_gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, m, n, k, kg, str
              acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, k, kg, stride_x, stride_q, stride_sm, stride_sg,
+                         QMAX: tl.constexpr, GROUPS: tl.constexpr, GROUP_K: tl.constexpr):
+    """GROUPS 128-wide groups of one row: q = x / s saturated, s = max|x| / QMAX per group."""
+    row = tl.program_id(0)
+    g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    cols = g[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]
+    ok = (cols < k) & (g[:, None] < kg)
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    s = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-30) / QMAX
+    q = tl.clamp(x / s[:, None], -QMAX, QMAX)
+    tl.store(q_ptr + row.to(tl.int64) * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(s_ptr + row * stride_sm + g * stride_sg, s, mask=g < kg)
+
+
+def quantize_groups_fp8(x: torch.Tensor, col_major: bool = False, rows: int | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K] e4m3, s [M, ceil(K/128)] fp32): fp8_block.quantize_groups in one
+    kernel. col_major lays s out K-group-major (stride (1, M)), as cuBLASLt's blockwise scaled
+    GEMM wants its 1x128 activation scales. rows > M: that many rows, those past M zero."""
+    m, k = x.shape
+    kg = -(-k // GROUP)
+    r = rows or m
+    alloc = torch.zeros if r > m else torch.empty
+    q = alloc(r, k, dtype=torch.float8_e4m3fn, device=x.device)
+    s = alloc(kg, r, device=x.device).t() if col_major else alloc(r, kg, device=x.device)
+    if m:
+        groups = min(8, triton.next_power_of_2(kg))
+        _quant_groups_kernel[(m, triton.cdiv(kg, groups))](
+            x, q, s, k, kg, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
+            QMAX=float(torch.finfo(torch.float8_e4m3fn).max), GROUPS=groups, GROUP_K=GROUP,
+            num_warps=4)
+    return q, s
+
+
+# cuBLASLt's blockwise fp8 GEMM (torch.nn.functional.scaled_mm, 1x128 activation and 128x128
+# weight scales) serves from this many rows on: 1.4-1.7x faster than bf16 from 256 rows on an
+# H200 where our Triton kernel is 2x slower than bf16 (bench/micro/fp8_block.py), and as fast as
+# our kernel at 16; it refuses one row.
+CUBLAS_MIN_ROWS = 16
+
+
+def blockwise_available() -> bool:
+    F = torch.nn.functional
+    return hasattr(F, "scaled_mm") and hasattr(F, "ScalingType")
+
+
+def whole_blocks(row_scales: torch.Tensor) -> torch.Tensor | None:
+    """The [N/128, K/128] block scales behind per-row ones [N, K/128] when every 128 rows share
+    theirs (the rows form whole checkpoint blocks: no packed part or TP shard starts inside a
+    block), else None."""
+    n = row_scales.shape[0]
+    if n % GROUP:
+        return None
+    chunks = row_scales.view(n // GROUP, GROUP, -1)
+    if not bool((chunks == chunks[:, :1]).all()):
+        return None
+    return chunks[:, 0].contiguous()
+
+
+def blockwise_mm(x: torch.Tensor, b: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (bf16) @ W.T for fp8 b [N, K] with block scales [N/128, K/128]: x quantized per
+    token and 128-group, then cuBLASLt. Its heuristics refuse row counts that are not a multiple
+    of 8 (seen: 1, 2, 17): the quantized rows are padded to a multiple of 16 (their outputs are
+    dropped)."""
+    F = torch.nn.functional
+    S = F.ScalingType  # type: ignore[attr-defined]
+    m = x.shape[0]
+    pad = -m % 16
+    qx, sx = quantize_groups_fp8(x, col_major=True, rows=m + pad)
+    y = F.scaled_mm(qx, b.t(), sx, S.BlockWise1x128, blocks.t(),  # type: ignore[attr-defined]
+                    S.BlockWise128x128, output_dtype=x.dtype)
+    return y[:m] if pad else y
+
+
 def config_for(m: int) -> tuple[int, int, int, int]:
     for max_rows, *cfg in CONFIGS:
         if m <= max_rows:

@@ -235,7 +235,8 @@ def _qk_norm_rope_store_kernel(
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, n_rows, k, stride_w, HAS_BIAS: tl.constexpr,
                  HAS_SCALE: tl.constexpr, SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False):
+                 BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, stride_s=0,
+                 SCALE_GROUP: tl.constexpr = 0):
     """y[n] = sum_k w[n, k] * x[k] (* s[n]) (+ b[n]) for BLOCK_N rows of w per program; with
     SILU_MUL x is the [gate | up] row of length 2k and the input is silu(gate) * up, rounded to
     the activation dtype as _silu_mul_kernel stores it. HAS_SCALE: w is fp8 with one scale a
@@ -252,17 +253,42 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, n_rows, k, stride_w, HAS_BIA
     w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & (cols < k)[None, :], other=0.0)
     _pdl_wait(USE_PDL)
     acc = w.to(tl.float32) * _act(x_ptr, 0, cols, cols < k, k, SILU_MUL)[None, :]
+    if SCALE_GROUP > 0:
+        acc = _scale_groups(acc, s_ptr, rows, row_mask, 0, k, stride_s, BLOCK_N, BLOCK_K,
+                            SCALE_GROUP)
     for k0 in range(BLOCK_K, k, BLOCK_K):
         c = k0 + cols
         c_mask = c < k
         w = tl.load(w_rows + c[None, :], mask=row_mask[:, None] & c_mask[None, :], other=0.0)
-        acc += w.to(tl.float32) * _act(x_ptr, 0, c, c_mask, k, SILU_MUL)[None, :]
+        part = w.to(tl.float32) * _act(x_ptr, 0, c, c_mask, k, SILU_MUL)[None, :]
+        if SCALE_GROUP > 0:
+            part = _scale_groups(part, s_ptr, rows, row_mask, k0, k, stride_s, BLOCK_N, BLOCK_K,
+                                 SCALE_GROUP)
+        acc += part
     y = tl.sum(acc, axis=1)
-    if HAS_SCALE:
+    if HAS_SCALE and SCALE_GROUP == 0:
         y *= tl.load(s_ptr + rows, mask=row_mask, other=0.0)
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _scale_groups(part, s_ptr, rows, row_mask, k0, k, stride_s, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, SCALE_GROUP: tl.constexpr):
+    """part [BLOCK_N, BLOCK_K] products from column k0 on, summed per SCALE_GROUP-wide group and
+    scaled by the rows' group scales, put back as [BLOCK_N, BLOCK_K] (one nonzero column per
+    group: the caller's final row sum adds them)."""
+    ng: tl.constexpr = BLOCK_K // SCALE_GROUP
+    sums = tl.sum(tl.reshape(part, [BLOCK_N, ng, SCALE_GROUP]), axis=2)  # [BLOCK_N, ng]
+    g = k0 // SCALE_GROUP + tl.arange(0, ng)
+    s = tl.load(s_ptr + rows[:, None] * stride_s + g[None, :],
+                mask=row_mask[:, None] & (g * SCALE_GROUP < k)[None, :], other=0.0)
+    scaled = sums * s
+    first = (tl.arange(0, BLOCK_K) % SCALE_GROUP) == 0
+    spread = tl.reshape(tl.broadcast_to(scaled[:, :, None], [BLOCK_N, ng, SCALE_GROUP]),
+                        [BLOCK_N, BLOCK_K])
+    return tl.where(first[None, :], spread, 0.0)
 
 
 @triton.jit

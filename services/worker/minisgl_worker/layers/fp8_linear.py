@@ -17,7 +17,7 @@ from torch import nn
 
 from .. import env
 from ..fp8 import Fp8Rows, has_fp8_tensor_cores, quantize_rows, reference_product, silu_mul_rows
-from ..fp8_block import block_reference, quantize_groups, quantize_static, static_reference
+from ..fp8_block import GROUP, block_reference, quantize_static, static_reference
 from ..kernels import fused_ops
 
 
@@ -65,17 +65,28 @@ def _fp8_product(qx: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: t
 
 
 def block_linear(x: torch.Tensor, w: torch.Tensor, row_scales: torch.Tensor,
-                 bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
-    """x [M, K] @ W.T with fp8 w [N, K] and its block scales per row [N, ceil(K/128)],
-    activations quantized per token and 128-group; our Triton kernel on fp8 GPUs, the fp32
-    reference elsewhere."""
+                 bias: torch.Tensor | None = None, silu_mul: bool = False,
+                 blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ W.T with fp8 w [N, K] and its block scales per row [N, ceil(K/128)].
+    On fp8 GPUs: one row goes through the GEMV with the weight scales applied per group (the
+    activation unquantized: a weight-read-bound step gains nothing from rounding it); more rows
+    are quantized per token and 128-group (one kernel) for cuBLASLt's blockwise GEMM where the
+    rows form whole blocks (`blocks`, [N/128, K/128]) and enough rows come, else our Triton
+    kernel. Elsewhere the fp32 reference."""
+    if fused_ops.gemv_usable(x) and has_fp8_tensor_cores(x.device):
+        return fused_ops.gemv(x, w, bias, silu_mul=silu_mul, w_scale=row_scales,
+                              scale_group=GROUP)
     if silu_mul:
         x = silu_mul_rows(x)
     if x.is_cuda and has_fp8_tensor_cores(x.device):
-        from ..kernels.fp8_block_gemm import fp8_block_gemm  # imports triton
+        from ..kernels import fp8_block_gemm as kernel  # imports triton
 
-        qx, sx = quantize_groups(x)
-        y = fp8_block_gemm(qx, w, sx, row_scales, x.dtype)
+        if (blocks is not None and x.shape[0] >= kernel.CUBLAS_MIN_ROWS
+                and kernel.blockwise_available()):
+            y = kernel.blockwise_mm(x, w, blocks)
+        else:
+            qx, sx = kernel.quantize_groups_fp8(x)
+            y = kernel.fp8_block_gemm(qx, w, sx, row_scales, x.dtype)
     else:
         y = block_reference(x, w, row_scales).to(x.dtype)
     return y + bias if bias is not None else y
@@ -101,6 +112,7 @@ class Fp8Linear(nn.Module):
     weight: nn.Parameter
     weight_scale: torch.Tensor | None
     weight_block_scale: torch.Tensor | None
+    weight_blocks: torch.Tensor | None
     input_scale: torch.Tensor | None
 
     def __init__(self) -> None:
@@ -110,6 +122,9 @@ class Fp8Linear(nn.Module):
         # [N, ceil(K/128)] fp32, and a static activation scale (a 1-element fp32 tensor)
         self.register_buffer("weight_block_scale", None)
         self.register_buffer("input_scale", None)
+        # the block scales themselves [N/128, K/128] where the rows form whole blocks (set at
+        # load when fp8 is kept: cuBLASLt's blockwise GEMM takes them)
+        self.register_buffer("weight_blocks", None)
         # other pre-quantized formats (W4A16, INT8: quant_load/): a module holding the packed
         # weight and its scales as parameters, computing x @ W.T; `weight` is then removed
         self.packed: nn.Module | None = None
@@ -132,7 +147,8 @@ class Fp8Linear(nn.Module):
             return y + bias if bias is not None else y
         if self.weight_block_scale is not None:
             assert isinstance(x, torch.Tensor), "no norm feeds a block-scaled layer Fp8Rows"
-            return block_linear(x, self.weight, self.weight_block_scale, bias, silu_mul)
+            return block_linear(x, self.weight, self.weight_block_scale, bias, silu_mul,
+                                self.weight_blocks)
         if self.weight_scale is not None and self.input_scale is not None:
             assert isinstance(x, torch.Tensor), "no norm feeds a static-scaled layer Fp8Rows"
             return static_linear(x, self.weight, self.weight_scale, self.input_scale, bias,
