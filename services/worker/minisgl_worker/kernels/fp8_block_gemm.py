@@ -118,11 +118,11 @@ def blockwise_mm(x: torch.Tensor, b: torch.Tensor, blocks: torch.Tensor) -> torc
     of 8 (seen: 1, 2, 17): the quantized rows are padded to a multiple of 16 (their outputs are
     dropped)."""
     F = torch.nn.functional
-    S = F.ScalingType  # type: ignore[attr-defined]
+    S = F.ScalingType
     m = x.shape[0]
     pad = -m % 16
     qx, sx = quantize_groups_fp8(x, col_major=True, rows=m + pad)
-    y = F.scaled_mm(qx, b.t(), sx, S.BlockWise1x128, blocks.t(),  # type: ignore[attr-defined]
+    y = F.scaled_mm(qx, b.t(), sx, S.BlockWise1x128, blocks.t(),
                     S.BlockWise128x128, output_dtype=x.dtype)
     return y[:m] if pad else y
 
