@@ -1,5 +1,5 @@
 """vLLM's in-process `LLM`, configured like the project's benchmarks configure theirs: dummy
-weights from a config.json folder, no tokenizer (prompts are token ids), prefix caching on,
+weights from a config.json folder (or the folder's checkpoint, --load-format safetensors), no tokenizer (prompts are token ids), prefix caching on,
 256 sequences at most, vLLM's neutral sampling defaults (no generation_config.json read)."""
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="folder with a config.json (the same path ours ran on, so the rows "
                              "match in bench.peer.compare)")
     parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+    parser.add_argument("--load-format", default="dummy",
+                        help="dummy (random weights from config.json) or safetensors (the "
+                             "folder's checkpoint: a pre-quantized one loads in its own format)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"])
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"])
     parser.add_argument("--enforce-eager", action="store_true",
@@ -29,7 +32,8 @@ def engine_kwargs(args: argparse.Namespace, max_model_len: int,
                   enable_prefix_caching: bool = True) -> dict[str, Any]:
     """LLM(...) keyword arguments; also the source of the OpenAI server's flags."""
     kwargs: dict[str, Any] = dict(
-        model=str(Path(args.model).resolve()), load_format="dummy", skip_tokenizer_init=True,
+        model=str(Path(args.model).resolve()), load_format=args.load_format,
+        skip_tokenizer_init=True,
         max_num_seqs=256, max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching,
         gpu_memory_utilization=args.gpu_memory_utilization, generation_config="vllm",
@@ -53,6 +57,7 @@ def base_record(version: str, args: argparse.Namespace, bench: str,
     return {"bench": bench, "engine": "vllm", "version": version,
             "model": Path(args.model).name, "tp": args.tp, "device": device_name(),
             "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
+            "load_format": args.load_format,
             "cuda_graph": not args.enforce_eager,
             "flashinfer_on_path": flashinfer_visible(engine_env)}
 
