@@ -28,8 +28,6 @@ from typing import Any
 
 import torch
 
-from ..prequant import _CT_EMPTY, _CT_INERT, CheckpointQuant, _names, _refuse
-
 QMIN, QMAX = -128, 127
 _TINY = float(torch.finfo(torch.float32).tiny)  # the scale of an all-zero row
 
@@ -92,6 +90,16 @@ def reference_linear(x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor,
     return int_product(qx, sx, qw, sw)
 
 
+def _refuse(field: str, value: object, why: str) -> ValueError:
+    """The one-line start-up error, worded as prequant.py's (which imports this module)."""
+    return ValueError(f"config.json quantization_config.{field}={value!r} is not supported: {why}")
+
+
+# compressed-tensors' top-level keys without arithmetic (provenance, statistics, the layers left
+# unquantized: prequant.py reads `ignore`), and those that must be empty
+_CT_INERT = ("quant_method", "format", "config_groups", "ignore", "global_compression_ratio",
+             "version", "provider", "quantization_status")
+_CT_EMPTY = ("kv_cache_scheme", "sparsity_config", "transform_config")
 # QuantizationArgs keys that do not change what a stored tensor means: calibration details, and
 # the dtypes scales / zero points were saved in (the loader reads whatever dtype is stored)
 _ARGS_INERT = ("observer", "observer_kwargs", "scale_dtype", "zp_dtype")
@@ -126,9 +134,9 @@ def _activations(acts: object, field: str) -> bool:
     return not dynamic
 
 
-def compressed_int8(qc: dict[str, Any]) -> CheckpointQuant:
-    """compressed-tensors `int-quantized` (format checked by the caller) -> CheckpointQuant
-    scheme "int8"; any setting not implemented raises, naming it."""
+def compressed_int8(qc: dict[str, Any]) -> Int8Settings:
+    """The settings of a compressed-tensors `int-quantized` quantization_config (format checked
+    by the caller, prequant.py); any setting not implemented raises, naming it."""
     for key, value in qc.items():
         if key in _CT_EMPTY:
             if value:
@@ -164,6 +172,4 @@ def compressed_int8(qc: dict[str, Any]) -> CheckpointQuant:
         "strategy": ("channel", "tensor"), "group_size": _UNSET, "block_structure": _UNSET,
         "actorder": (None, "static")})
     static = _activations(group.get("input_activations"), f"{field}.input_activations")
-    settings = Int8Settings(weights["strategy"], static)
-    return CheckpointQuant("compressed-tensors", "int8", static, _names(qc.get("ignore"), "ignore"),
-                           settings)
+    return Int8Settings(weights["strategy"], static)
