@@ -230,7 +230,8 @@ _CT = {"quant_method": "compressed-tensors", "format": "float-quantized"}
 @pytest.mark.parametrize("qc, named", [
     ({"quant_method": "awq", "bits": 4}, "quant_method='awq'"),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "format='pack-quantized'"),
-    ({"quant_method": "compressed-tensors", "format": "int-quantized"}, "format='int-quantized'"),
+    ({"quant_method": "compressed-tensors", "format": "naive-quantized"},
+     "format='naive-quantized'"),
     ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "weight_block_size=[64, 64]"),
     ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]},
      "activation_scheme='static'"),

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .quant.int8 import compressed_int8
+
 BLOCK = 128  # the only block size (and activation group) implemented
 
 
@@ -43,6 +45,8 @@ class CheckpointQuant:
         return BLOCK if self.scheme == "block" else None
 
     def describe(self) -> str:
+        if hasattr(self.details, "describe"):  # formats beyond fp8 describe themselves
+            return str(self.details.describe())
         acts = "static per-tensor" if self.static_activations else (
             f"dynamic per-token-group({BLOCK})" if self.block else "dynamic per-token")
         return f"quant_method {self.method}: e4m3 weights, {self.scheme} scales, {acts} activations"
@@ -113,6 +117,10 @@ _UNSET = (None,)
 
 def _compressed_tensors(qc: dict[str, Any]) -> CheckpointQuant:
     fmt = qc.get("format")
+    if fmt == "int-quantized":  # INT8 W8A8: quant/int8.py
+        int8 = compressed_int8(qc)
+        return CheckpointQuant(qc["quant_method"], "int8", int8.static,
+                               _names(qc.get("ignore"), "ignore"), int8)
     if fmt != "float-quantized":
         raise _refuse("format", fmt, "of compressed-tensors only float-quantized (FP8) loads")
     for key, value in qc.items():

@@ -33,6 +33,7 @@ from .layers.linear import ColumnParallelLinear, RowParallelLinear
 from .layers.weights import WeightSource, check_shape, read, set_loader, src_shape
 from .model_config import ModelConfig
 from .prequant import CheckpointQuant
+from .quant_load import int8 as int8_load
 
 log = logging.getLogger(__name__)
 Target = tuple[str, Any]
@@ -71,6 +72,8 @@ def target_fn(model: nn.Module, quant: CheckpointQuant | None) -> Callable[[str]
     weight_target: Callable[[str], Target | None] = model.weight_target  # type: ignore[assignment]
     if quant is None:
         return weight_target
+    if quant.scheme == "int8":
+        return int8_load.target_fn(model)
     suffixes = scale_suffixes(quant)
 
     def target(name: str) -> Target | None:
@@ -91,6 +94,8 @@ def prepare(model: nn.Module, cfg: ModelConfig, files: list[Path], quantization:
     if quantization != "none":
         raise ValueError(f"--quantization {quantization} with a pre-quantized checkpoint "
                          f"({quant.method}): its weights are fp8 already; drop the flag")
+    if quant.scheme == "int8":
+        return int8_load.prepare(model, cfg, files)
     experts = cfg.num_experts or int(cfg.raw.get("n_routed_experts") or 0)
     if experts:
         raise ValueError(f"pre-quantized ({quant.method}) MoE checkpoints are not supported yet "
@@ -222,9 +227,9 @@ def keeps_fp8(device: torch.device, dtype: torch.dtype) -> bool:
 def finalize(model: nn.Module, keep_fp8: bool, dtype: torch.dtype) -> int:
     """After loading: dequantize each fp8 projection into `dtype` unless keep_fp8; the count of
     fp8 projections in the checkpoint."""
-    count = 0
+    count = int8_load.finalize(model, dtype)
     for mod in model.modules():
-        if not isinstance(mod, Fp8Linear) or mod.weight.dtype != FP8:
+        if not isinstance(mod, Fp8Linear) or mod.packed is not None or mod.weight.dtype != FP8:
             continue
         count += 1
         if keep_fp8:
