@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .quant.mxfp4 import parse_config as _mxfp4_config
+
 BLOCK = 128  # the only block size (and activation group) implemented
 
 
@@ -43,6 +45,8 @@ class CheckpointQuant:
         return BLOCK if self.scheme == "block" else None
 
     def describe(self) -> str:
+        if hasattr(self.details, "describe"):  # formats beyond fp8 describe themselves
+            return str(self.details.describe())
         acts = "static per-tensor" if self.static_activations else (
             f"dynamic per-token-group({BLOCK})" if self.block else "dynamic per-token")
         return f"quant_method {self.method}: e4m3 weights, {self.scheme} scales, {acts} activations"
@@ -179,6 +183,8 @@ def checkpoint_quant(d: dict[str, Any]) -> CheckpointQuant | None:
         return _fp8(qc)
     if method == "compressed-tensors":
         return _compressed_tensors(qc)
+    if method == "mxfp4":  # gpt-oss's experts (quant/mxfp4.py)
+        return CheckpointQuant("mxfp4", "mxfp4", False, *_mxfp4_config(qc))
     raise _refuse("quant_method", method, "pre-quantized checkpoints load only as fp8 "
                   "(quant_method 'fp8' or compressed-tensors float-quantized); use the bf16/fp16 "
                   "checkpoint (optionally with --quantization fp8)")
