@@ -86,8 +86,8 @@ def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     exp = exp.clamp(-SCALE_BIAS, SCALE_BIAS)
     scaled = x / torch.exp2(exp)[..., None]
     table = e2m1_values(torch.float32).to(w.device)[:8]  # magnitudes, ascending
-    mag = scaled.abs().clamp_max(E2M1_MAX)
-    code = (mag[..., None] - table).abs().argmin(-1)  # nearest; ties to the smaller magnitude
+    # nearest magnitude, a tie to the smaller one: the code is how many midpoints lie below
+    code = torch.bucketize(scaled.abs(), (table[1:] + table[:-1]) / 2)
     code = code | ((scaled < 0) & (code > 0)).long() << 3
     blocks = pack_codes(code.reshape(*w.shape[:-1], k))
     return blocks, (exp + SCALE_BIAS).to(torch.uint8)
