@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             ok &= err < args.tol
         asm = "err_asm" in row  # time the PTX upcast unless it failed (then the float one)
         out = mx(asm)
-        ms, equal = graph_time(lambda: mx(asm), out, timer, args.iters)
+        ms, equal = graph_time(lambda asm=asm: mx(asm), out, timer, args.iters)
         ok &= equal
         nbytes = mxfp4_bytes(ids)
 
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"T={t:5d}  {ms * 1e3:8.1f} us  {gbs:7.0f} GB/s  {row['pct_peak']:5.1f}% of 4.8 TB/s"
               f"  bf16 {bf16_ms * 1e3:8.1f} us  x{bf16_ms / ms:4.2f}  {errs}  graph={equal}")
         if args.sweep:
-            row["sweep"] = sweep(t, lambda **kw: mx(asm, **kw), timer, max(10, args.iters // 3),
+            row["sweep"] = sweep(t, lambda asm=asm, **kw: mx(asm, **kw), timer, max(10, args.iters // 3),
                                  ms)
         rows.append(row)
     if args.json:
