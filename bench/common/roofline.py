@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+MXFP4_BYTES = 17 / 32  # bytes a weight of MXFP4: a 4-bit element, a byte of scale per 32
+
 
 @dataclass
 class ModelShape:
@@ -73,6 +75,8 @@ class ModelShape:
         embeddings, the LM head and the router stay in dtype_bytes."""
         cfg = json.loads((Path(path) / "config.json").read_text())
         cfg = cfg.get("text_config") or cfg  # Gemma 3 multimodal checkpoints: the text model
+        # gpt-oss's MXFP4 checkpoints: experts in FP4 with an e8m0 scale a 32 (4.25 bits)
+        mxfp4 = (cfg.get("quantization_config") or {}).get("quant_method") == "mxfp4"
         h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
         heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads",
                                                                 cfg["num_attention_heads"])
@@ -100,9 +104,10 @@ class ModelShape:
             shared = 3 * h * inter * (cfg.get("n_shared_experts") or 0)
             dense = cfg.get("first_k_dense_replace", 0)  # DeepSeek: dense MLPs first
             mlp_active = 3 * h * inter * k + h * num_experts + shared
-            expert_elem_bytes = 1 if fp8_weights else dtype_bytes
+            expert_elem_bytes = (MXFP4_BYTES if mxfp4 else 1 if fp8_weights
+                                 else dtype_bytes)
             moe = dict(num_experts=num_experts, experts_per_tok=k,
-                       expert_bytes=(layers - dense) * 3 * h * inter * expert_elem_bytes
+                       expert_bytes=int((layers - dense) * 3 * h * inter * expert_elem_bytes)
                        // tp_size)
             experts_active = 3 * h * inter * k
             mlp_total = (layers - dense) * mlp_active + dense * dense_mlp
@@ -113,6 +118,9 @@ class ModelShape:
         active = layers * attn + mlp_total + embed
         fp8 = layers * attn + fp8_mlp_total if fp8_weights else 0  # the router stays
         weight_bytes = (active - fp8) * dtype_bytes + fp8
+        if mxfp4 and num_experts:  # the routed experts at 4.25 bits a weight, the rest bf16
+            packed = (layers - dense) * experts_active
+            weight_bytes = int((active - packed) * dtype_bytes + packed * MXFP4_BYTES)
         window, window_layers = _windows(cfg, layers)
         return cls(num_layers=layers, num_kv_heads=max(1, kv_heads // tp_size) if not latent
                    else 1, head_dim=head_dim, weight_bytes=weight_bytes // tp_size,

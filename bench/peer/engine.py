@@ -1,6 +1,7 @@
 """vLLM's in-process `LLM`, configured like the project's benchmarks configure theirs: dummy
-weights from a config.json folder (or the folder's checkpoint, --load-format safetensors), no tokenizer (prompts are token ids), prefix caching on,
-256 sequences at most, vLLM's neutral sampling defaults (no generation_config.json read)."""
+weights from a config.json folder (or the folder's checkpoint, --load-format safetensors), no
+tokenizer (prompts are token ids), prefix caching on, 256 sequences at most, vLLM's neutral
+sampling defaults (no generation_config.json read)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .quant.int8 import compressed_int8
+from .quant.mxfp4 import parse_config as _mxfp4_config
 
 BLOCK = 128  # the only block size (and activation group) implemented
 
@@ -187,6 +188,8 @@ def checkpoint_quant(d: dict[str, Any]) -> CheckpointQuant | None:
         return _fp8(qc)
     if method == "compressed-tensors":
         return _compressed_tensors(qc)
+    if method == "mxfp4":  # gpt-oss's experts (quant/mxfp4.py)
+        return CheckpointQuant("mxfp4", "mxfp4", False, *_mxfp4_config(qc))
     raise _refuse("quant_method", method, "pre-quantized checkpoints load only as fp8 "
                   "(quant_method 'fp8' or compressed-tensors float-quantized); use the bf16/fp16 "
                   "checkpoint (optionally with --quantization fp8)")

@@ -34,6 +34,7 @@ from .layers.weights import WeightSource, check_shape, read, set_loader, src_sha
 from .model_config import ModelConfig
 from .prequant import CheckpointQuant
 from .quant_load import int8 as int8_load
+from .quant_load import mxfp4 as mxfp4_load
 
 log = logging.getLogger(__name__)
 Target = tuple[str, Any]
@@ -96,6 +97,9 @@ def prepare(model: nn.Module, cfg: ModelConfig, files: list[Path], quantization:
                          f"({quant.method}): its weights are fp8 already; drop the flag")
     if quant.scheme == "int8":
         return int8_load.prepare(model, cfg, files)
+    if quant.scheme == "mxfp4":  # gpt-oss's experts (quant_load/mxfp4.py)
+        mxfp4_load.prepare(model, files)
+        return
     experts = cfg.num_experts or int(cfg.raw.get("n_routed_experts") or 0)
     if experts:
         raise ValueError(f"pre-quantized ({quant.method}) MoE checkpoints are not supported yet "
@@ -228,6 +232,7 @@ def finalize(model: nn.Module, keep_fp8: bool, dtype: torch.dtype) -> int:
     """After loading: dequantize each fp8 projection into `dtype` unless keep_fp8; the count of
     fp8 projections in the checkpoint."""
     count = int8_load.finalize(model, dtype)
+    count += mxfp4_load.finalize(model, dtype)  # MXFP4 experts: kept on CUDA, else dequantized
     for mod in model.modules():
         if not isinstance(mod, Fp8Linear) or mod.packed is not None or mod.weight.dtype != FP8:
             continue

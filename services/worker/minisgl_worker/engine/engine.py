@@ -41,7 +41,15 @@ class Engine(ModelRunner, StepExecutor):
             self._group = TPGroup.start(config, device, FOLLOWER_MODULE)
         self._inflight: deque[InFlight] = deque()
         self._closed = False
-        super().__init__(config, device)
+        try:
+            super().__init__(config, device)
+        except BaseException:
+            # A refused checkpoint (or any start-up error) must not leave the TP group behind:
+            # the followers stopped, this process's rank state reset for the next engine.
+            if self._group is not None:
+                self._group.stop()
+                self._group = None
+            raise
 
     def info(self) -> WorkerInfo:
         mc = self.model_config

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..distributed import all_reduce, tp
+from ..kernels import moe_mxfp4
 from ..kernels.clamped_swiglu import ClampedSwiGLU
 from ..kernels.fused_moe import fused_moe, warm_up
 from .linear import ReplicatedLinear
@@ -43,6 +44,16 @@ class GptOssMoeBlock(SparseMoeBlock):
         set_loader(self.w2, self._load_down)
         self.w13_bias = set_loader(new_param(num_experts, 2 * n), self._load_gate_up_bias)
         self.w2_bias = set_loader(new_param(num_experts, hidden_size), self._load_down_bias)
+
+    def release_experts(self) -> None:
+        """MXFP4 checkpoints: w13 / w2 become shapes on the meta device (no memory) until
+        quant_load/mxfp4.py installs the packed parameters (or bf16 ones again for a layer the
+        checkpoint stores unquantized), so a bf16 copy of every expert is never allocated."""
+        for name in ("w13", "w2"):
+            old = getattr(self, name)
+            meta = nn.Parameter(torch.empty(old.shape, dtype=old.dtype, device="meta"),
+                                requires_grad=False)
+            setattr(self, name, set_loader(meta, old.weight_loader, old.num_shards))
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -98,6 +109,11 @@ class GptOssMoeBlock(SparseMoeBlock):
 
     def warm_up_kernels(self, dtype: torch.dtype) -> list[int]:
         """As SparseMoeBlock's, for the kernel variants with biases and the clamped SwiGLU."""
+        if self.experts_fn is moe_mxfp4.mxfp4_moe:  # packed MXFP4 experts (quant_load/mxfp4.py)
+            assert isinstance(self.w13_scale, torch.Tensor)
+            assert isinstance(self.w2_scale, torch.Tensor)
+            return moe_mxfp4.warm_up(self.w13, self.w2, self.w13_scale, self.w2_scale,
+                                     self.top_k, dtype, **self._experts_options())  # type: ignore[arg-type]
         if self.experts_fn is not fused_moe:
             return []
         w13_scale, w2_scale = self.w13_scale, self.w2_scale

@@ -2,8 +2,9 @@
 head (`self_attn.sinks`); sliding-window (`sliding_window`, 128) and full-attention layers
 alternating as `layer_types` says (HF's default when absent: even layers sliding); YaRN RoPE from
 the config; every layer a sparse MoE block (layers/gpt_oss_moe.py: router with a bias, top-k of
-the logits then softmax, experts with biases and the clamped SwiGLU). The MXFP4 checkpoints
-carry a quantization_config, which model_config.refuse_quantized stops at start-up."""
+the logits then softmax, experts with biases and the clamped SwiGLU). OpenAI's checkpoints store
+the experts in MXFP4 (`*_blocks` / `*_scales`, quant/mxfp4.py): they fill the block's w13 / w2
+and their `_scale`s once quant_load/mxfp4.py has turned those into MXFP4 parameters."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from ..model_config import ModelConfig
 from .decoder import CausalLM
 
 _ROUTER_RE = re.compile(r"^(.*\.mlp\.)router\.(weight|bias)$")
-_EXPERTS_RE = re.compile(r"^(.*\.mlp\.)experts\.(gate_up_proj|gate_up_proj_bias|down_proj|"
-                         r"down_proj_bias)$")
+_EXPERTS_RE = re.compile(r"^(.*\.mlp\.)experts\.((gate_up|down)_proj(_bias|_blocks|_scales)?)$")
 _EXPERT_PARAM = {"gate_up_proj": "w13", "gate_up_proj_bias": "w13_bias", "down_proj": "w2",
-                 "down_proj_bias": "w2_bias"}
+                 "down_proj_bias": "w2_bias",
+                 # MXFP4 experts (quant_load/mxfp4.py): packed codes and e8m0 scales
+                 "gate_up_proj_blocks": "w13", "gate_up_proj_scales": "w13_scale",
+                 "down_proj_blocks": "w2", "down_proj_scales": "w2_scale"}
 
 
 def default_layer_types(num_layers: int) -> list[str]:
@@ -54,8 +57,11 @@ class GptOssForCausalLM(CausalLM):
     def make_mlp(self, cfg: ModelConfig, layer_id: int) -> nn.Module:
         act = ClampedSwiGLU(alpha=float(cfg.raw.get("swiglu_alpha", 1.702)),
                             limit=float(cfg.raw.get("swiglu_limit", 7.0)))
-        return GptOssMoeBlock(cfg.hidden_size, cfg.intermediate_size, cfg.num_experts,
-                              cfg.num_experts_per_tok, act)
+        block = GptOssMoeBlock(cfg.hidden_size, cfg.intermediate_size, cfg.num_experts,
+                               cfg.num_experts_per_tok, act)
+        if cfg.quant is not None and cfg.quant.scheme == "mxfp4":
+            block.release_experts()  # quant_load/mxfp4.py allocates what the checkpoint holds
+        return block
 
     def weight_target(self, name: str) -> tuple[str, Any] | None:
         m = _ROUTER_RE.match(name)
