@@ -80,7 +80,8 @@ def _launch(a: torch.Tensor, w: W4Experts, out: torch.Tensor, weights: torch.Ten
         a.stride(0), w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0),
         w.scales.stride(1), out.stride(0),
         G=w.group_size, HAS_ZEROS=w.zeros is not None, A_DIV=a_div, GATE_UP=gate_up,
-        EVEN_K=k % tile.block_k == 0, BLOCK_M=block_m, BLOCK_N=tile.block_n,
+        EVEN_K=k % tile.block_k == 0, EVEN_N=n_out % tile.block_n == 0, BLOCK_M=block_m,
+        BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl.options(a))

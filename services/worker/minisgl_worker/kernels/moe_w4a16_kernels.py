@@ -10,7 +10,7 @@ import triton.language as tl
 
 from .fused_moe_kernels import _tile_coords
 from .pdl import begin as _pdl_begin
-from .w4a16_kernels import dequant_half, load_act_half
+from .w4a16_kernels import dequant_half, load_act_half, load_words, weight_cols
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_tiles_m"])
@@ -18,7 +18,8 @@ def moe_w4_kernel(a_ptr, q_ptr, s_ptr, z_ptr, out_ptr, weights_ptr, sorted_ptr,
                   expert_of_block_ptr, num_padded_ptr, num_pairs, n_out, k, num_tiles_m,
                   stride_at, stride_qe, stride_qk, stride_se, stride_sg, stride_ot,
                   G: tl.constexpr, HAS_ZEROS: tl.constexpr, A_DIV: tl.constexpr,
-                  GATE_UP: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                  GATE_UP: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                  BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                   PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False):
     """One [BLOCK_M pairs, BLOCK_N] tile of an expert GEMM; a pair's input row is a[pair // A_DIV].
@@ -36,7 +37,7 @@ def moe_w4_kernel(a_ptr, q_ptr, s_ptr, z_ptr, out_ptr, weights_ptr, sorted_ptr,
     a_off = tl.where(valid, rows // A_DIV, 0).to(tl.int64) * stride_at
     expert = tl.load(expert_of_block_ptr + tile_m).to(tl.int64)
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    wcols = cols % n_out
+    wcols = weight_cols(cols, n_out, EVEN_N, BLOCK_N)
     r = tl.arange(0, BLOCK_K // 8)
     q_ptrs = q_ptr + expert * stride_qe + r[:, None].to(tl.int64) * stride_qk + wcols[None, :]
     s_base = s_ptr + expert * stride_se
@@ -44,15 +45,9 @@ def moe_w4_kernel(a_ptr, q_ptr, s_ptr, z_ptr, out_ptr, weights_ptr, sorted_ptr,
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, k, BLOCK_K):
-        if EVEN_K:
-            words = tl.load(q_ptrs)
-            if GATE_UP:
-                words_u = tl.load(q_ptrs + n_out)
-        else:
-            k_ok = (k0 + 8 * r < k)[:, None]
-            words = tl.load(q_ptrs, mask=k_ok, other=0)
-            if GATE_UP:
-                words_u = tl.load(q_ptrs + n_out, mask=k_ok, other=0)
+        words = load_words(q_ptrs, k0, k, EVEN_K, BLOCK_K)
+        if GATE_UP:
+            words_u = load_words(q_ptrs + n_out, k0, k, EVEN_K, BLOCK_K)
         for hi in tl.static_range(2):
             a = load_act_half(a_ptr, a_off, valid, k0, k, a_ptr, hi, False, EVEN_K, BLOCK_K)
             w = dequant_half(words, hi, k0, k, a_ptr, s_base, z_base, wcols, stride_sg, G,

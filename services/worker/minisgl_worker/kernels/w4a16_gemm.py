@@ -1,10 +1,11 @@
 """W4A16 linear: y = x @ W.T with W in quant/w4a16.py's packed layout, dequantized in registers
 (Triton; kernels in w4a16_kernels.py). One entry point, `w4a16_linear`, two kernels:
 
-- decode GEMV (BLOCK_M <= 4 rows, no tensor cores): memory-bound, so it is built to stream the
+- decode GEMV (a row a program, no tensor cores): memory-bound, so it is built to stream the
   packed weights at HBM speed. Narrow N strips read whole int32 rows (coalesced along N), one
   scale (and zero) row per group per tile, fp32 accumulation, and split-K so that a 4,096-column
-  product still has a few programs per SM (splits reduced in-kernel, see w4a16_kernels.py).
+  product still has a few programs per SM (splits reduced in-kernel, see w4a16_kernels.py). The
+  programs of a strip's rows run side by side: one HBM read, the others from L2.
 - GEMM (tl.dot): each K step dequantizes a [BLOCK_K, BLOCK_N] tile with its group scale applied
   and feeds the tensor cores; prefill and batched decode.
 
@@ -34,8 +35,8 @@ from . import pdl
 
 @dataclass(frozen=True)
 class W4Config:
-    gemv: bool  # the GEMV kernel (BLOCK_M <= 4) or the tensor-core GEMM
-    block_m: int
+    gemv: bool  # the GEMV kernel (a row a program) or the tensor-core GEMM
+    block_m: int  # GEMM rows a tile (the GEMV's is 1)
     block_n: int
     block_k: int
     num_warps: int = 4
@@ -46,17 +47,15 @@ class W4Config:
 
 
 # (max rows, config): first match wins. Guesses for an H200 (132 SMs, 4.8 TB/s) pending a sweep
-# (tests/gpu/test_w4a16.py --sweep prints a replacement table).
+# (tests/gpu/test_w4a16.py --sweep prints a replacement table). Register use from ptxas (sm_90a):
+# the GEMV 64x128 takes 56 registers; GEMM 128x128x64 on 8 warps 187; 128x256 spills.
 CONFIGS: list[tuple[int, W4Config]] = [
-    (1, W4Config(True, 1, 64, 128, 4, 4, waves=4)),
-    (2, W4Config(True, 2, 64, 128, 4, 4, waves=4)),
-    (4, W4Config(True, 4, 64, 64, 4, 4, waves=4)),
+    (2, W4Config(True, 1, 64, 128, 4, 1, waves=4)),  # stages unused: prefetched by hand
     (16, W4Config(False, 16, 64, 128, 4, 4, waves=3)),
     (32, W4Config(False, 32, 64, 128, 4, 4, waves=3)),
     (64, W4Config(False, 64, 64, 128, 4, 4, waves=2)),
     (128, W4Config(False, 64, 128, 64, 4, 4, waves=1)),
-    (256, W4Config(False, 128, 128, 64, 8, 3)),
-    (1 << 62, W4Config(False, 128, 256, 64, 8, 3)),
+    (1 << 62, W4Config(False, 128, 128, 64, 8, 3)),
 ]
 PERM_GATHER_MAX_M = 64
 _COUNTERS = 1 << 16  # split-K tile counters a device (self-resetting, see w4a16_kernels.py)
@@ -135,7 +134,8 @@ def w4a16_linear(x: torch.Tensor, w: W4Weight, config: W4Config | None = None) -
         x, perm = x.index_select(1, perm.to(torch.int64)), None
     if x.stride(-1) != 1:
         x = x.contiguous()
-    tiles_m, tiles_n = _cdiv(m, cfg.block_m), _cdiv(n, cfg.block_n)
+    tiles_m = m if cfg.gemv else _cdiv(m, cfg.block_m)
+    tiles_n = _cdiv(n, cfg.block_n)
     splits, k_per_split = split_plan(tiles_m * tiles_n, k, cfg, x.device)
     ws = (torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1
           else out)
@@ -143,11 +143,12 @@ def w4a16_linear(x: torch.Tensor, w: W4Weight, config: W4Config | None = None) -
     zeros = w.zeros if w.zeros is not None else w.scales
     perm_t = perm if perm is not None else w.qweight
     common = dict(G=w.group_size, HAS_ZEROS=w.zeros is not None, HAS_PERM=perm is not None,
-                  EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                  EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
+                  BLOCK_M=1 if cfg.gemv else cfg.block_m, BLOCK_N=cfg.block_n,
                   BLOCK_K=cfg.block_k, SPLIT_K=splits, num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages, **pdl.options(x))
     if cfg.gemv:
-        kern.w4_gemv_kernel[(tiles_n, tiles_m, splits)](
+        kern.w4_gemv_kernel[(m, tiles_n, splits)](
             x, w.qweight, w.scales, zeros, perm_t, out, ws, cnt, m, n, k, k_per_split,
             x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), **common)
     else:

@@ -29,8 +29,6 @@ import triton.language as tl
 from .pdl import release as _pdl_release
 from .pdl import wait as _pdl_wait
 
-MAGIC = 8388608.0  # 2**23: an fp32 whose mantissa is an integer
-
 
 @triton.jit
 def _pow16():
@@ -47,14 +45,16 @@ def _magic(half):
 
 
 @triton.jit
-def _zero_term(z_ptr, g, cols, stride_z, HAS_ZEROS: tl.constexpr):
+def _zero_term(z_ptr, g, cols, stride_z, HAS_ZEROS: tl.constexpr):  # 8388608 = 2**23
     """2**23 + z * 16**j for the rows of groups g ([R] or scalar-like [1]): fp32 [R, 4, N]
     (symmetric: z = 8, [1, 4, 1])."""
     p16 = _pow16()
     if HAS_ZEROS:
         z = tl.load(z_ptr + g[:, None].to(tl.int64) * stride_z + cols[None, :]).to(tl.float32)
-        return MAGIC + z[:, None, :] * p16[None, :, None]
-    return (MAGIC + 8.0 * p16)[None, :, None]
+        mz = z[:, None, :] * p16[None, :, None] + 8388608.0
+    else:
+        mz = (8.0 * p16 + 8388608.0)[None, :, None]
+    return mz
 
 
 @triton.jit
@@ -71,8 +71,10 @@ def _packed_rows(k0, k_end, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
 def _row_groups(k0, k_end, G: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
     """Group of each packed row of the tile at k0: [1] when a tile is inside one group."""
     if G % BLOCK_K == 0:
-        return tl.full([1], 0, tl.int32) + k0 // G
-    return _packed_rows(k0, k_end, EVEN_K, BLOCK_K) // G
+        g = tl.full([1], 0, tl.int32) + k0 // G
+    else:
+        g = _packed_rows(k0, k_end, EVEN_K, BLOCK_K) // G
+    return g
 
 
 @triton.jit
@@ -90,8 +92,28 @@ def _act_cols(k0, k_end, perm_ptr, HI: tl.constexpr, HAS_PERM: tl.constexpr,
 def _tail_mask(k0, k_end, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
     """[1, BLOCK_K // 8, 1]: packed rows of the tile before k_end."""
     if EVEN_K:
-        return tl.full([1, 1, 1], 1, tl.int1)
-    return (k0 + 8 * tl.arange(0, BLOCK_K // 8) < k_end)[None, :, None]
+        ok = tl.full([1, 1, 1], 1, tl.int1)
+    else:
+        ok = (k0 + 8 * tl.arange(0, BLOCK_K // 8) < k_end)[None, :, None]
+    return ok
+
+
+@triton.jit
+def weight_cols(cols, n, EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The weight columns a tile reads: `cols` itself when N is a multiple of BLOCK_N (known
+    contiguous: 16-byte loads), else wrapped past the edge (valid memory, never stored)."""
+    return tl.max_contiguous(tl.multiple_of(cols, BLOCK_N), BLOCK_N) if EVEN_N else cols % n
+
+
+@triton.jit
+def load_words(q_ptrs, k0, k_end, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The packed tile at k0, [BLOCK_K // 8, BLOCK_N] int32 (rows past k_end read as 0)."""
+    if EVEN_K:
+        words = tl.load(q_ptrs)
+    else:
+        words = tl.load(q_ptrs, mask=(k0 + 8 * tl.arange(0, BLOCK_K // 8) < k_end)[:, None],
+                        other=0)
+    return words
 
 
 @triton.jit
@@ -118,67 +140,72 @@ def _finish(y, rows, cols, M, N, out_ptr, stride_o, ws_ptr, cnt_ptr, tile, pid_k
 
 
 # ------------------------------------------------------------------------------------------------
-# Decode GEMV: no tensor cores, BLOCK_M <= 4 rows sharing each dequantized tile
+# Decode GEMV: no tensor cores, one activation row a program
 # ------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _gemv_step(acc, words, k0, x_ptr, rows, stride_x, perm_ptr, s_ptr, z_ptr, cols, stride_s,
-               M, K, G: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr,
+def _gemv_step(acc, words, k0, x_row, perm_ptr, s_ptr, z_ptr, cols, stride_s, K,
+               G: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr,
                EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc [BM, BK8, BN] += per packed row: s * sum_j x * (q - z)."""
+    """acc [BK8, BN] += s * sum_j x[8r + j] * (q_j - z), all in the layout of `words` (no
+    shuffles between threads): nibble by nibble, 2D, the activation a [BK8] column each."""
+    k = _packed_rows(k0, K, EVEN_K, BLOCK_K)
     g = _row_groups(k0, K, G, EVEN_K, BLOCK_K)
-    mz = _zero_term(z_ptr, g, cols, stride_s, HAS_ZEROS)
-    s = tl.load(s_ptr + g[:, None].to(tl.int64) * stride_s + cols[None, :]).to(tl.float32)
-    inv16 = (1.0 / _pow16())[None, None, :]
-    x_rows = x_ptr + rows[:, None, None].to(tl.int64) * stride_x
-    ok = (rows < M)[:, None, None] & _tail_mask(k0, K, EVEN_K, BLOCK_K)
+    g_off = g[:, None].to(tl.int64) * stride_s + cols[None, :]
+    s = tl.load(s_ptr + g_off).to(tl.float32)
+    z = tl.load(z_ptr + g_off).to(tl.float32) if HAS_ZEROS else tl.full([1, 1], 8.0, tl.float32)
+    x_ok = k0 + 8 * tl.arange(0, BLOCK_K // 8) < K
+    high = words >> 16
     part = tl.zeros_like(acc)
-    for hi in tl.static_range(2):
-        c = _act_cols(k0, K, perm_ptr, hi, HAS_PERM, EVEN_K, BLOCK_K)
-        xv = tl.load(x_rows + c[None, :, :], mask=ok, other=0.0).to(tl.float32) * inv16
-        half = (words >> 16) if hi == 1 else words
-        w = _magic(half) - mz  # [BK8, 4, BN]: (q - z) * 16**j
-        part += tl.sum(w[None, :, :, :] * xv[:, :, :, None], axis=2)
-    return acc + part * s[None, :, :]
+    for j in tl.static_range(8):
+        c = k + j
+        if HAS_PERM:
+            c = tl.load(perm_ptr + c)
+        xj = tl.load(x_row + c, mask=x_ok, other=0.0).to(tl.float32)
+        xj = xj * (1.0 / (1 << (4 * (j % 4))))
+        half = high if j >= 4 else words
+        bits = (half & (0xF << (4 * (j % 4)))) | 0x4B000000
+        w = bits.to(tl.float32, bitcast=True) - (z * (1 << (4 * (j % 4))) + 8388608.0)
+        part += w * xj[:, None]
+    return acc + part * s
 
 
 @triton.jit(do_not_specialize=["M", "k_per_split"])
 def w4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, cnt_ptr,
                    M, N, K, k_per_split, stride_x, stride_q, stride_s, stride_o,
                    G: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr,
-                   EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr = False):
-    """out[M, N] = x[M, K] @ W.T for a [BLOCK_M, BLOCK_N] strip and one K range (grid: N tiles,
-    M tiles, splits). The first weight tile is loaded before the PDL wait (weights are never
-    written while the model runs), so it streams while the kernel before finishes."""
+                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                   USE_PDL: tl.constexpr = False):
+    """out[m, N strip] = x[m] @ W.T over one K range (grid: rows, N tiles, splits; BLOCK_M is 1:
+    the rows of one strip run side by side, so all but the first read the strip from L2). The
+    first weight tile is loaded before the PDL wait (weights are never written while the model
+    runs), so it streams while the kernel before finishes."""
     _pdl_release(USE_PDL)
-    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    wcols = cols % N  # past the edge: read a valid column, never stored
+    wcols = weight_cols(cols, N, EVEN_N, BLOCK_N)
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     r = tl.arange(0, BLOCK_K // 8)
     q_ptrs = q_ptr + (k_lo // 8 + r)[:, None].to(tl.int64) * stride_q + wcols[None, :]
-    if EVEN_K:
-        words = tl.load(q_ptrs)
-    else:
-        words = tl.load(q_ptrs, mask=(k_lo + 8 * r < k_hi)[:, None], other=0)
+    words = load_words(q_ptrs, k_lo, k_hi, EVEN_K, BLOCK_K)
     _pdl_wait(USE_PDL)
-    acc = tl.zeros([BLOCK_M, BLOCK_K // 8, BLOCK_N], tl.float32)
-    acc = _gemv_step(acc, words, k_lo, x_ptr, rows, stride_x, perm_ptr, s_ptr, z_ptr, wcols,
-                     stride_s, M, k_hi, G, HAS_ZEROS, HAS_PERM, EVEN_K, BLOCK_K)
-    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-        q_ptrs += (BLOCK_K // 8) * stride_q
-        if EVEN_K:
-            words = tl.load(q_ptrs)
-        else:
-            words = tl.load(q_ptrs, mask=(k0 + 8 * r < k_hi)[:, None], other=0)
-        acc = _gemv_step(acc, words, k0, x_ptr, rows, stride_x, perm_ptr, s_ptr, z_ptr, wcols,
-                         stride_s, M, k_hi, G, HAS_ZEROS, HAS_PERM, EVEN_K, BLOCK_K)
-    y = tl.sum(acc, axis=1)
-    tile = pid_m * tl.num_programs(0) + pid_n
+    x_row = x_ptr + row.to(tl.int64) * stride_x
+    acc = tl.zeros([BLOCK_K // 8, BLOCK_N], tl.float32)
+    step = (BLOCK_K // 8) * stride_q
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        # The next tile is requested before this one is used (Triton does not pipeline loads
+        # that feed no dot): two tiles in flight a program.
+        q_ptrs += step
+        ahead = tl.load(q_ptrs, mask=(k0 + BLOCK_K + 8 * r < k_hi)[:, None], other=0)
+        acc = _gemv_step(acc, words, k0, x_row, perm_ptr, s_ptr, z_ptr, wcols, stride_s, k_hi,
+                         G, HAS_ZEROS, HAS_PERM, EVEN_K, BLOCK_K)
+        words = ahead
+    y = tl.sum(acc, axis=0)[None, :]
+    rows = row + tl.arange(0, 1)
+    tile = pid_n * M + row
     _finish(y, rows, cols, M, N, out_ptr, stride_o, ws_ptr, cnt_ptr, tile, pid_k, SPLIT_K)
 
 
@@ -201,9 +228,9 @@ def dequant_half(words, hi: tl.constexpr, k0, k_end, g_ptr, s_ptr, z_ptr, cols, 
         g = tl.load(g_ptr + k).to(tl.int64)[:, :, None] * stride_s + cols[None, None, :]
         s = tl.load(s_ptr + g).to(tl.float32) / p16[None, :, None]
         if HAS_ZEROS:
-            mz = MAGIC + tl.load(z_ptr + g).to(tl.float32) * p16[None, :, None]
+            mz = tl.load(z_ptr + g).to(tl.float32) * p16[None, :, None] + 8388608.0
         else:
-            mz = (MAGIC + 8.0 * p16)[None, :, None]
+            mz = (8.0 * p16 + 8388608.0)[None, :, None]
     else:
         gr = _row_groups(k0, k_end, G, EVEN_K, BLOCK_K)
         mz = _zero_term(z_ptr, gr, cols, stride_s, HAS_ZEROS)
@@ -237,8 +264,8 @@ def tile_coords(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 def w4_gemm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, gidx_ptr, out_ptr, ws_ptr, cnt_ptr,
                    M, N, K, k_per_split, stride_x, stride_q, stride_s, stride_o,
                    G: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr,
-                   HAS_GIDX: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   HAS_GIDX: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    SPLIT_K: tl.constexpr, PRECISION: tl.constexpr,
                    USE_PDL: tl.constexpr = False):
     """out[M, N] = x[M, K] @ W.T, one [BLOCK_M, BLOCK_N] tile and K range a program (grid:
@@ -249,7 +276,7 @@ def w4_gemm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, gidx_ptr, out_ptr, ws_p
     pid_k = tl.program_id(1)
     rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    wcols = cols % N
+    wcols = weight_cols(cols, N, EVEN_N, BLOCK_N)
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     r = tl.arange(0, BLOCK_K // 8)
@@ -259,10 +286,7 @@ def w4_gemm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, gidx_ptr, out_ptr, ws_p
     _pdl_wait(USE_PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if EVEN_K:
-            words = tl.load(q_ptrs)
-        else:
-            words = tl.load(q_ptrs, mask=(k0 + 8 * r < k_hi)[:, None], other=0)
+        words = load_words(q_ptrs, k0, k_hi, EVEN_K, BLOCK_K)
         for hi in tl.static_range(2):
             a = load_act_half(x_ptr, x_off, row_ok, k0, k_hi, perm_ptr, hi, HAS_PERM, EVEN_K,
                               BLOCK_K)
