@@ -165,8 +165,8 @@ def check_act_order(gen: torch.Generator) -> list[str]:
     perm = torch.randperm(k, device="cuda", generator=gen).to(torch.int32)
     w = as_dtype(quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, GROUP,
                           False, perm), torch.bfloat16)
-    gidx = (torch.arange(k, device="cuda") // GROUP).to(torch.int32)[perm.long()]
-    wg = replace(w, gidx=gidx[torch.argsort(perm.long())].to(torch.int32))  # same groups, given
+    # the same groups, spelled out per canonical row (what a row-parallel shard carries)
+    wg = replace(w, gidx=(torch.arange(k, device="cuda") // GROUP).to(torch.int32))
     failures = []
     for label, ww in (("perm", w), ("gidx", wg)):
         for m in (1, 16, 1024):
@@ -247,7 +247,8 @@ def sweep_dense(rows: tuple[int, ...]) -> list[dict]:
     return table
 
 
-def check_moe(tokens: tuple[int, ...], timing: bool, sweep: bool) -> tuple[list[dict], list[str]]:
+def check_moe(tokens: tuple[int, ...], timing: bool,
+              sweep: tuple[int, ...]) -> tuple[list[dict], list[str]]:
     from minisgl_worker.kernels.fused_moe import fused_moe_triton, moe_reference, route
     from minisgl_worker.kernels.moe_w4a16 import choose_config, fused_moe_w4a16
     from minisgl_worker.quant.w4a16 import dequantize_experts, quantize_experts
@@ -285,7 +286,7 @@ def check_moe(tokens: tuple[int, ...], timing: bool, sweep: bool) -> tuple[list[
             gbs = touched * expert_bytes / (t4 * 1e-6) / 1e9
             row.update(w4_us=t4, bf16_us=tb, gb_per_s=gbs)
             line += f" {t4:>8.1f} {tb:>8.1f} {tb / t4:>6.2f}x {gbs:>6.0f}  {row['config']}"
-            if sweep:
+            if t in sweep:
                 row["sweep"] = sweep_moe(t, sets, b13, b2, t4)
         print(line + ("" if ok else "  FAIL"))
         if not ok:
@@ -299,9 +300,10 @@ def sweep_moe(t: int, sets: list, w13, w2, default_us: float) -> list[dict]:  # 
     from minisgl_worker.kernels.moe_w4a16 import choose_config, fused_moe_w4a16
 
     base = choose_config(t)
-    bms = [16] if t <= 64 else [16, 32, 64] if t <= 1024 else [64, 128]
-    tiles = [(32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 4, 4), (128, 64, 8, 3),
-             (128, 128, 8, 3), (32, 256, 4, 3), (64, 256, 4, 3), (128, 64, 4, 4)]
+    bms = [16] if t <= 64 else [32, 64] if t <= 1024 else [64, 128]
+    tiles = ([(32, 128, 4, 4), (64, 128, 4, 4), (32, 256, 4, 3), (64, 64, 4, 4),
+              (128, 128, 4, 3)] if t <= 64 else
+             [(64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4)])
     cands = list(dict.fromkeys(
         [MoeConfig(bm, GemmTile(*tl), base.down) for bm in bms for tl in tiles]
         + [MoeConfig(bm, base.gate_up, GemmTile(*tl)) for bm in bms for tl in tiles]))
@@ -325,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     p.add_argument("--tokens", type=int, nargs="+", default=list(MOE_TOKENS))
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep-rows", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024, 4096],
+                   help="M buckets the dense sweep tunes (each bucket's best ends the table)")
+    p.add_argument("--sweep-tokens", type=int, nargs="+", default=[1, 64, 256, 4096],
+                   help="T values the MoE sweep tunes")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--skip-dense", action="store_true")
     p.add_argument("--skip-moe", action="store_true")
@@ -342,9 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         report["dense"], fails = check_dense(tuple(args.rows), not args.no_timing)
         failures += fails
         if args.sweep:
-            report["dense_sweep"] = sweep_dense((1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096))
+            report["dense_sweep"] = sweep_dense(tuple(args.sweep_rows))
     if not args.skip_moe:
-        report["moe"], fails = check_moe(tuple(args.tokens), not args.no_timing, args.sweep)
+        report["moe"], fails = check_moe(tuple(args.tokens), not args.no_timing,
+                                         tuple(args.sweep_tokens) if args.sweep else ())
         failures += fails
     print("accuracy " + ("OK" if not failures else f"FAILED: {', '.join(failures)}"))
     if args.json:

@@ -176,13 +176,13 @@ CASES = [
     # mma.sync (16 rows) and wgmma (128 rows), act-order gathers, MoE gate_up and down.
     *(Case("w4a16_kernels", "w4_gemv_kernel",
            {"G": g, "HAS_ZEROS": z, "HAS_PERM": not z, "EVEN_K": z, "EVEN_N": z, "BLOCK_M": 1,
-            "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": split, **_PDL},
+            "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": split > 1, **_PDL},
            {k: v for k, v in _W4_PTRS.items() if k != "gidx_ptr"})
       for g, z, split in ((128, True, 4), (32, False, 1))),
     *(Case("w4a16_kernels", "w4_gemm_kernel",
            {"G": 128, "HAS_ZEROS": True, "HAS_PERM": gidx, "HAS_GIDX": gidx, "EVEN_K": True,
             "EVEN_N": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
-            "SPLIT_K": split, "PRECISION": "tf32", **_PDL}, _W4_PTRS, {},
+            "SPLIT_K": split > 1, "PRECISION": "tf32", **_PDL}, _W4_PTRS, {},
            {"num_warps": warps, "num_stages": 3})
       for bm, bn, bk, warps, split, gidx in ((16, 64, 128, 4, 3, False),
                                              (128, 128, 64, 8, 1, False),

@@ -145,17 +145,17 @@ def w4a16_linear(x: torch.Tensor, w: W4Weight, config: W4Config | None = None) -
     common = dict(G=w.group_size, HAS_ZEROS=w.zeros is not None, HAS_PERM=perm is not None,
                   EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
                   BLOCK_M=1 if cfg.gemv else cfg.block_m, BLOCK_N=cfg.block_n,
-                  BLOCK_K=cfg.block_k, SPLIT_K=splits, num_warps=cfg.num_warps,
+                  BLOCK_K=cfg.block_k, SPLIT_K=splits > 1, num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages, **pdl.options(x))
     if cfg.gemv:
         kern.w4_gemv_kernel[(m, tiles_n, splits)](
-            x, w.qweight, w.scales, zeros, perm_t, out, ws, cnt, m, n, k, k_per_split,
+            x, w.qweight, w.scales, zeros, perm_t, out, ws, cnt, m, n, k, k_per_split, splits,
             x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), **common)
     else:
         gidx = w.gidx if w.gidx is not None else w.qweight
         kern.w4_gemm_kernel[(tiles_m * tiles_n, splits)](
             x, w.qweight, w.scales, zeros, perm_t, gidx, out, ws, cnt, m, n, k, k_per_split,
-            x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
+            splits,            x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
             HAS_GIDX=w.gidx is not None, GROUP_M=cfg.group_m,
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **common)
     return out

@@ -14,8 +14,9 @@ K order inside a tile. A [BLOCK_K // 8, 4, BLOCK_N] half (rows 8r + j, or 8r + 4
 to [BLOCK_K // 2, BLOCK_N] without moving data, and the activation columns are loaded in the
 same order: sum_k x_k w_k does not depend on the order of k, so no shuffle is needed.
 
-Split-K. A program sums a K range; with SPLIT_K > 1 the programs of one output tile store fp32
-partials [SPLIT_K, M, N] and count themselves on a per-tile counter; the last to arrive sums the
+Split-K. A program sums a K range; with SPLIT_K (a switch; `splits` counts them at run time, so
+a new split count compiles nothing) the programs of one output tile store fp32 partials
+[splits, M, N] and count themselves on a per-tile counter; the last to arrive sums the
 partials in split order (deterministic), stores the output and resets the counter to 0. One
 launch, no memset, no host sync: safe in CUDA graphs. The counters are touched only after the
 PDL wait, so the next launch cannot see a counter mid-use.
@@ -117,12 +118,12 @@ def load_words(q_ptrs, k0, k_end, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _finish(y, rows, cols, M, N, out_ptr, stride_o, ws_ptr, cnt_ptr, tile, pid_k,
+def _finish(y, rows, cols, M, N, out_ptr, stride_o, ws_ptr, cnt_ptr, tile, pid_k, splits,
             SPLIT_K: tl.constexpr):
     """Store y [BM, BN] fp32, or with split-K add up the tile's partials (see the module doc)."""
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     offs = rows[:, None].to(tl.int64) * stride_o + cols[None, :]
-    if SPLIT_K == 1:
+    if not SPLIT_K:
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         part = rows[:, None].to(tl.int64) * N + cols[None, :]
@@ -130,9 +131,9 @@ def _finish(y, rows, cols, M, N, out_ptr, stride_o, ws_ptr, cnt_ptr, tile, pid_k
         tl.store(ws_ptr + pid_k * plane + part, y, mask=mask)
         tl.debug_barrier()  # every thread's partial is written before the count says so
         ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT_K - 1:
+        if ticket == splits - 1:
             total = tl.zeros_like(y)
-            for s in range(SPLIT_K):
+            for s in range(splits):
                 total += tl.load(ws_ptr + s * plane + part, mask=mask, other=0.0,
                                  cache_modifier=".cg")
             tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
@@ -171,9 +172,9 @@ def _gemv_step(acc, words, k0, x_row, perm_ptr, s_ptr, z_ptr, cols, stride_s, K,
     return acc + part * s
 
 
-@triton.jit(do_not_specialize=["M", "k_per_split"])
+@triton.jit(do_not_specialize=["M", "k_per_split", "splits"])
 def w4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, cnt_ptr,
-                   M, N, K, k_per_split, stride_x, stride_q, stride_s, stride_o,
+                   M, N, K, k_per_split, splits, stride_x, stride_q, stride_s, stride_o,
                    G: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr,
                    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -206,7 +207,8 @@ def w4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, cnt_pt
     y = tl.sum(acc, axis=0)[None, :]
     rows = row + tl.arange(0, 1)
     tile = pid_n * M + row
-    _finish(y, rows, cols, M, N, out_ptr, stride_o, ws_ptr, cnt_ptr, tile, pid_k, SPLIT_K)
+    _finish(y, rows, cols, M, N, out_ptr, stride_o, ws_ptr, cnt_ptr, tile, pid_k, splits,
+            SPLIT_K)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -260,9 +262,9 @@ def tile_coords(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
     return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
 
 
-@triton.jit(do_not_specialize=["M", "k_per_split"])
+@triton.jit(do_not_specialize=["M", "k_per_split", "splits"])
 def w4_gemm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, gidx_ptr, out_ptr, ws_ptr, cnt_ptr,
-                   M, N, K, k_per_split, stride_x, stride_q, stride_s, stride_o,
+                   M, N, K, k_per_split, splits, stride_x, stride_q, stride_s, stride_o,
                    G: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr,
                    HAS_GIDX: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -295,4 +297,5 @@ def w4_gemm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, gidx_ptr, out_ptr, ws_p
             acc = tl.dot(a, w.to(a.dtype), acc, input_precision=PRECISION)
         q_ptrs += (BLOCK_K // 8) * stride_q
     tile = tile_m * tiles_n + tile_n
-    _finish(acc, rows, cols, M, N, out_ptr, stride_o, ws_ptr, cnt_ptr, tile, pid_k, SPLIT_K)
+    _finish(acc, rows, cols, M, N, out_ptr, stride_o, ws_ptr, cnt_ptr, tile, pid_k, splits,
+            SPLIT_K)
