@@ -47,6 +47,8 @@ _DECODE_PTRS = {"page_table_ptr": "*i32", "rows_ptr": "*i32", "seq_lens_ptr": "*
 _FP8 = "*fp8e4nv"
 
 _MOE_TILE_PTRS = {"sorted_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}
+_W4_PTRS = {"q_ptr": "*i32", "perm_ptr": "*i32", "gidx_ptr": "*i32", "ws_ptr": "*fp32",
+            "cnt_ptr": "*i32"}
 
 
 def _gate_up_case(tile: dict[str, Any], fp8: bool, warps: int, stages: int,
@@ -170,6 +172,26 @@ CASES = [
                          CLAMPED=True), fp8, 8, 3, {"alpha": "fp32", "limit": "fp32"})
       for swap, fp8 in ((True, False), (False, True))),
     _down_case(dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=4, HAS_BIAS=True), 4, 3),
+    # W4A16 (w4a16_kernels.py, moe_w4a16_kernels.py): GEMV with split-K counters, GEMM on
+    # mma.sync (16 rows) and wgmma (128 rows), act-order gathers, MoE gate_up and down.
+    *(Case("w4a16_kernels", "w4_gemv_kernel",
+           {"G": g, "HAS_ZEROS": z, "HAS_PERM": not z, "EVEN_K": z, "EVEN_N": z, "BLOCK_M": 1,
+            "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": split > 1, **_PDL},
+           {k: v for k, v in _W4_PTRS.items() if k != "gidx_ptr"})
+      for g, z, split in ((128, True, 4), (32, False, 1))),
+    *(Case("w4a16_kernels", "w4_gemm_kernel",
+           {"G": 128, "HAS_ZEROS": True, "HAS_PERM": gidx, "HAS_GIDX": gidx, "EVEN_K": True,
+            "EVEN_N": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+            "SPLIT_K": split > 1, "PRECISION": "tf32", **_PDL}, _W4_PTRS, {},
+           {"num_warps": warps, "num_stages": 3})
+      for bm, bn, bk, warps, split, gidx in ((16, 64, 128, 4, 3, False),
+                                             (128, 128, 64, 8, 1, False),
+                                             (16, 64, 128, 4, 1, True))),
+    *(Case("moe_w4a16_kernels", "moe_w4_kernel",
+           {"G": 128, "HAS_ZEROS": not up, "A_DIV": 8 if up else 1, "GATE_UP": up,
+            "EVEN_K": True, "EVEN_N": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128,
+            "GROUP_M": 1, "PRECISION": "tf32", **_PDL}, {"q_ptr": "*i32", **_MOE_TILE_PTRS})
+      for up, bm, bn in ((True, 16, 32), (False, 64, 128))),
     Case("fp8_gemm", "_fp8_gemm_kernel",
          {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "ACC_MODE": 1, **_PDL},
          {"a_ptr": _FP8, "b_ptr": _FP8, "sa_ptr": "*fp32", "sb_ptr": "*fp32"}, {},

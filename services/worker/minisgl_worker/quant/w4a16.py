@@ -127,3 +127,45 @@ def quantize(w: torch.Tensor, group_size: int, symmetric: bool = True,
     q = torch.round(grouped / s[:, None] + z[:, None]).clamp(0, 15).reshape(k, n)
     zeros = None if symmetric else z.to(w.dtype)
     return W4Weight(pack_rows(q), s.to(w.dtype), zeros, g, perm)
+
+
+@dataclass(frozen=True)
+class W4Experts:
+    """Stacked MoE experts in the W4A16 layout, one W4Weight per expert along a leading E axis
+    (no act-order: expert checkpoints in the wild have none). For gate_up, K is the hidden size
+    and N = 2 * intermediate (gate columns then up columns); for down, K = intermediate, N =
+    hidden."""
+
+    qweight: torch.Tensor  # int32 [E, K // 8, N]
+    scales: torch.Tensor  # [E, K // G, N]
+    zeros: torch.Tensor | None  # [E, K // G, N] or None (zero point 8)
+    group_size: int
+
+    @property
+    def num_experts(self) -> int:
+        return self.qweight.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.qweight.shape[1] * PACK
+
+    @property
+    def out_features(self) -> int:
+        return self.qweight.shape[2]
+
+    def expert(self, e: int) -> W4Weight:
+        zeros = self.zeros[e] if self.zeros is not None else None
+        return W4Weight(self.qweight[e], self.scales[e], zeros, self.group_size)
+
+
+def dequantize_experts(w: W4Experts) -> torch.Tensor:
+    """The fp32 experts [E, N, K] (fused_moe's HF layout: w13 [E, 2I, H], w2 [E, H, I])."""
+    return torch.stack([dequantize(w.expert(e)) for e in range(w.num_experts)])
+
+
+def quantize_experts(w: torch.Tensor, group_size: int, symmetric: bool = True) -> W4Experts:
+    """Round-to-nearest W4Experts of stacked experts w [E, N, K] (benchmarks and tests)."""
+    parts = [quantize(w[e], group_size, symmetric) for e in range(w.shape[0])]
+    zeros = None if symmetric else torch.stack([p.zeros for p in parts])  # type: ignore[misc]
+    return W4Experts(torch.stack([p.qweight for p in parts]),
+                     torch.stack([p.scales for p in parts]), zeros, parts[0].group_size)

@@ -1,0 +1,235 @@
+"""The W4A16 kernels under the Triton interpreter (CPU), against quant/w4a16.py's reference
+formulas: the dense GEMV and GEMM (kernels/w4a16_gemm.py) and the fused MoE
+(kernels/moe_w4a16.py), every variant of the layout on tiny shapes, plus the layout's own round
+trips checked against independent packing loops.
+
+bf16 runs only through the GEMV (no tl.dot): the interpreter's bf16 dot is not supported
+(see test_fused_moe.py); tests/gpu/test_w4a16.py covers bf16 on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are imported (see test_fused_moe.py)
+
+import importlib  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from minisgl_worker.kernels import (  # noqa: E402
+    fused_moe_kernels,
+    moe_ops,
+    moe_w4a16_kernels,
+    w4a16_gemm,
+    w4a16_kernels,
+)
+from minisgl_worker.kernels.fused_moe import GemmTile, MoeConfig, route  # noqa: E402
+from minisgl_worker.kernels.moe_w4a16 import (  # noqa: E402
+    choose_config,
+    fused_moe_w4a16,
+    moe_w4a16_reference,
+)
+from minisgl_worker.kernels.w4a16_gemm import CONFIGS, W4Config, w4a16_linear  # noqa: E402
+from minisgl_worker.quant.w4a16 import (  # noqa: E402
+    W4Experts,
+    W4Weight,
+    dequantize,
+    dequantize_experts,
+    pack_rows,
+    quantize,
+    quantize_experts,
+    reference_linear,
+    unpack_rows,
+)
+
+for _mod in (w4a16_kernels, moe_w4a16_kernels, fused_moe_kernels, moe_ops):
+    if type(getattr(_mod, next(n for n in dir(_mod) if n.endswith("_kernel")))).__name__ \
+            != "InterpretedFunction":
+        importlib.reload(_mod)  # imported earlier in this process without the interpreter
+
+GEMV = W4Config(True, 1, 16, 64, waves=4)  # split-K: 4 splits of K=256
+GEMV4 = W4Config(True, 1, 32, 32, waves=0)  # no split, one K step; 3 rows
+GEMM = W4Config(False, 16, 16, 64, waves=4, group_m=2)  # split-K, grouped tile order
+GEMM32 = W4Config(False, 32, 32, 128)
+PATHS = {"gemv": GEMV, "gemv4": GEMV4, "gemm": GEMM, "gemm32": GEMM32}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def weights(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+
+
+def check(x: torch.Tensor, w: W4Weight, cfg: W4Config | None, tol: float = 2e-6) -> None:
+    out = w4a16_linear(x, w, cfg)
+    ref = reference_linear(x.float(), w)
+    assert out.shape == ref.shape and out.dtype == x.dtype
+    assert rel_err(out, ref) < tol, rel_err(out, ref)
+
+
+# ---- the layout ---------------------------------------------------------------------------------
+
+
+def test_pack_rows_nibble_order_and_round_trip() -> None:
+    q = torch.randint(0, 16, (64, 5), generator=torch.Generator().manual_seed(1))
+    packed = pack_rows(q)
+    assert packed.dtype == torch.int32 and packed.shape == (8, 5)
+    for r in range(8):  # an independent loop: nibble j of row r is q[8r + j]
+        for n in range(5):
+            word = sum(int(q[8 * r + j, n]) << (4 * j) for j in range(8))
+            assert int(packed[r, n]) & 0xFFFFFFFF == word
+    assert torch.equal(unpack_rows(packed), q)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group", [32, 128, -1])
+def test_quantize_dequantize_round_trip(group: int, symmetric: bool) -> None:
+    w = weights(24, 256)
+    q = quantize(w, group, symmetric)
+    g = 256 if group == -1 else group
+    assert q.scales.shape == (256 // g, 24) and (q.zeros is None) == symmetric
+    step = q.scales.float().repeat_interleave(g, 0).t()  # one step a group: error <= step / 2
+    assert bool(((dequantize(q) - w).abs() <= step / 2 + 1e-6).all())
+    again = quantize(dequantize(q), group, symmetric)  # a grid point re-quantizes to itself
+    assert torch.equal(again.qweight, q.qweight)
+
+
+def test_act_order_perm_dequantizes_to_checkpoint_order() -> None:
+    w = weights(16, 64)
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(2)).to(torch.int32)
+    plain, ordered = quantize(w, 32, perm=None), quantize(w, 32, perm=perm)
+    assert rel_err(dequantize(ordered), w) < 0.2 and not torch.equal(plain.qweight, ordered.qweight)
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(reference_linear(x, ordered), x @ dequantize(ordered).t())
+
+
+def test_experts_round_trip() -> None:
+    w = torch.randn(3, 16, 64, generator=torch.Generator().manual_seed(3))
+    ex = quantize_experts(w, 32, symmetric=False)
+    assert isinstance(ex, W4Experts) and ex.qweight.shape == (3, 8, 16)
+    assert ex.scales.shape == ex.zeros.shape == (3, 2, 16)  # type: ignore[union-attr]
+    dq = dequantize_experts(ex)
+    for e in range(3):
+        torch.testing.assert_close(dq[e], dequantize(quantize(w[e], 32, symmetric=False)))
+
+
+# ---- dense kernels ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("group", [32, 64, 128, -1])
+def test_dense_groups_and_zeros(group: int, symmetric: bool, path: str) -> None:
+    w = quantize(weights(48, 256, seed=group), group, symmetric)
+    cfg = PATHS[path]
+    for m in (1, 3 if cfg.gemv else cfg.block_m + 1):  # one row; rows past a tile
+        check(torch.randn(m, 256), w, cfg)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_ragged_n_and_k(path: str) -> None:
+    # N=40 wraps past the last column tile; K=96 is not a multiple of BLOCK_K (masked tails,
+    # and a split that ends mid-tile); per-channel groups (G = K) make the group per row.
+    for group in (32, -1):
+        w = quantize(weights(40, 96, seed=5), group, symmetric=False)
+        check(torch.randn(3, 96), w, PATHS[path])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_act_order_perm(path: str) -> None:
+    perm = torch.randperm(128, generator=torch.Generator().manual_seed(6)).to(torch.int32)
+    w = quantize(weights(32, 128, seed=6), 32, symmetric=False, perm=perm)
+    check(torch.randn(2, 128), w, PATHS[path])
+
+
+def test_act_order_perm_many_rows_index_select() -> None:
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(7)).to(torch.int32)
+    w = quantize(weights(32, 64, seed=7), 32, perm=perm)
+    check(torch.randn(w4a16_gemm.PERM_GATHER_MAX_M + 3, 64), w, GEMM32)
+
+
+@pytest.mark.parametrize("m", [1, 5, 40])
+def test_gidx_rows_of_a_row_parallel_shard(m: int) -> None:
+    """Act-order rows of a TP shard: any group per canonical row, fewer rows than groups * G;
+    M=1 with the GEMV config must reroute to the GEMM's gather path."""
+    g = torch.Generator().manual_seed(8)
+    k, n, groups = 96, 24, 5
+    w = W4Weight(pack_rows(torch.randint(0, 16, (k, n), generator=g)),
+                 torch.rand(groups, n, generator=g) + 0.1,
+                 torch.randint(0, 16, (groups, n), generator=g).float(), 32,
+                 torch.randperm(k, generator=g).to(torch.int32),
+                 torch.randint(0, groups, (k,), generator=g, dtype=torch.int32))
+    check(torch.randn(m, k), w, GEMV if m == 1 else GEMM)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_fp16(path: str) -> None:
+    w = quantize(weights(32, 128, seed=9).half(), 64, symmetric=False)
+    check(torch.randn(3, 128).half(), w, PATHS[path], tol=2e-3)  # fp16 tile and output
+
+
+def test_bf16_gemv() -> None:
+    w = quantize(weights(32, 128, seed=10).bfloat16(), 32)
+    check(torch.randn(1, 128).bfloat16(), w, GEMV, tol=1e-2)  # bf16 output rounding
+
+
+def test_split_k_is_deterministic_and_resets_its_counters() -> None:
+    w = quantize(weights(48, 512, seed=11), 128)
+    x = torch.randn(1, 512)
+    first = w4a16_linear(x, w, GEMV)
+    assert w4a16_gemm.split_plan(3, 512, GEMV, x.device)[0] > 1
+    assert torch.equal(w4a16_linear(x, w, GEMV), first)
+    assert not bool(w4a16_gemm._counters(x.device).any())
+
+
+@pytest.mark.parametrize("max_rows", [rows for rows, _ in CONFIGS])
+def test_default_configs(max_rows: int) -> None:
+    m = min(max_rows, 130)
+    cfg = w4a16_gemm.config_for(m)
+    assert cfg.block_k % 8 == 0 and (cfg.gemv or cfg.block_k >= 32)
+    check(torch.randn(m, 256), quantize(weights(64, 256, seed=m), 128), None)
+
+
+# ---- MoE ----------------------------------------------------------------------------------------
+
+E, TOP_K, H, INTER = 8, 2, 64, 32
+SMALL = MoeConfig(16, GemmTile(16, 32), GemmTile(32, 64, group_m=2))
+RAGGED = MoeConfig(32, GemmTile(16, 64), GemmTile(16, 32))  # K tails: H=64 and I=32 < 64
+
+
+def moe_case(t: int, group: int, symmetric: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w13 = quantize_experts(torch.randn(E, 2 * INTER, H, generator=g) / H**0.5, group, symmetric)
+    w2 = quantize_experts(torch.randn(E, H, INTER, generator=g) / INTER**0.5, group, symmetric)
+    weights_, ids = route(torch.randn(t, E, generator=g), TOP_K, norm_topk_prob=True)
+    return torch.randn(t, H, generator=g), w13, w2, ids, weights_
+
+
+@pytest.mark.parametrize("config", [SMALL, RAGGED], ids=["small", "ragged"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("group", [32, -1])
+@pytest.mark.parametrize("t", [1, 33])
+def test_moe_matches_reference(t: int, group: int, symmetric: bool, config: MoeConfig) -> None:
+    x, w13, w2, ids, w = moe_case(t, group, symmetric, seed=t)
+    out = fused_moe_w4a16(x, w13, w2, ids, w, config=config)
+    ref = moe_w4a16_reference(x, w13, w2, ids, w)
+    assert out.shape == ref.shape and rel_err(out, ref) < 1e-5
+
+
+def test_moe_fp16_default_configs_and_one_expert() -> None:
+    x, w13, w2, ids, w = moe_case(9, 32, False, seed=12)
+    ref = moe_w4a16_reference(x, w13, w2, ids, w)
+    for t in (9, 100):  # choose_config's decode and batch tiles (BLOCK_K past H: masked)
+        assert choose_config(t).gate_up.block_k >= 32
+    out = fused_moe_w4a16(x, w13, w2, ids, w)
+    assert rel_err(out, ref) < 1e-5
+    half = W4Experts(w13.qweight, w13.scales.half(), w13.zeros.half(), 32)  # type: ignore[union-attr]
+    half2 = W4Experts(w2.qweight, w2.scales.half(), w2.zeros.half(), 32)  # type: ignore[union-attr]
+    out16 = fused_moe_w4a16(x.half(), half, half2, ids, w.half(), config=SMALL)
+    assert out16.dtype == torch.float16 and rel_err(out16, ref) < 5e-3
+    same = torch.full_like(ids, 3)  # every pair to expert 3: several tiles of one expert
+    out = fused_moe_w4a16(x, w13, w2, same, w, config=SMALL)
+    assert rel_err(out, moe_w4a16_reference(x, w13, w2, same, w)) < 1e-5
