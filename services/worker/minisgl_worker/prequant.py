@@ -43,6 +43,9 @@ class CheckpointQuant:
         return BLOCK if self.scheme == "block" else None
 
     def describe(self) -> str:
+        describe = getattr(self.details, "describe", None)  # the formats of quant/
+        if describe is not None:
+            return f"quant_method {self.method}: {describe()}"
         acts = "static per-tensor" if self.static_activations else (
             f"dynamic per-token-group({BLOCK})" if self.block else "dynamic per-token")
         return f"quant_method {self.method}: e4m3 weights, {self.scheme} scales, {acts} activations"
@@ -175,6 +178,10 @@ def checkpoint_quant(d: dict[str, Any]) -> CheckpointQuant | None:
     if not isinstance(qc, dict):
         raise _refuse("quant_method", qc, "unrecognised quantization_config")
     method = qc.get("quant_method", "?")
+    from .quant.w4_config import w4_quant  # imports this module (CheckpointQuant)
+
+    if (w4 := w4_quant(qc)) is not None:  # AWQ, GPTQ, compressed-tensors pack-quantized
+        return w4
     if method == "fp8":
         return _fp8(qc)
     if method == "compressed-tensors":

@@ -33,6 +33,7 @@ from .layers.linear import ColumnParallelLinear, RowParallelLinear
 from .layers.weights import WeightSource, check_shape, read, set_loader, src_shape
 from .model_config import ModelConfig
 from .prequant import CheckpointQuant
+from .quant_load import w4
 
 log = logging.getLogger(__name__)
 Target = tuple[str, Any]
@@ -71,6 +72,8 @@ def target_fn(model: nn.Module, quant: CheckpointQuant | None) -> Callable[[str]
     weight_target: Callable[[str], Target | None] = model.weight_target  # type: ignore[assignment]
     if quant is None:
         return weight_target
+    if quant.scheme == "w4":  # AWQ / GPTQ / compressed-tensors pack-quantized
+        return w4.target_fn(weight_target, quant)
     suffixes = scale_suffixes(quant)
 
     def target(name: str) -> Target | None:
@@ -91,6 +94,8 @@ def prepare(model: nn.Module, cfg: ModelConfig, files: list[Path], quantization:
     if quantization != "none":
         raise ValueError(f"--quantization {quantization} with a pre-quantized checkpoint "
                          f"({quant.method}): its weights are fp8 already; drop the flag")
+    if quant.scheme == "w4":
+        return w4.prepare(model, quant, files)
     experts = cfg.num_experts or int(cfg.raw.get("n_routed_experts") or 0)
     if experts:
         raise ValueError(f"pre-quantized ({quant.method}) MoE checkpoints are not supported yet "
@@ -221,10 +226,10 @@ def keeps_fp8(device: torch.device, dtype: torch.dtype) -> bool:
 
 def finalize(model: nn.Module, keep_fp8: bool, dtype: torch.dtype) -> int:
     """After loading: dequantize each fp8 projection into `dtype` unless keep_fp8; the count of
-    fp8 projections in the checkpoint."""
-    count = 0
+    fp8 projections in the checkpoint (and of 4-bit layers, quant_load/w4.py)."""
+    count = w4.finalize(model, dtype)  # 4-bit layers: kept packed on CUDA, else dequantized
     for mod in model.modules():
-        if not isinstance(mod, Fp8Linear) or mod.weight.dtype != FP8:
+        if not isinstance(mod, Fp8Linear) or mod.weight is None or mod.weight.dtype != FP8:
             continue
         count += 1
         if keep_fp8:
@@ -247,7 +252,8 @@ def bytes_by_format(model: nn.Module) -> str:
         if id(t) in seen or t.device.type == "meta":
             continue
         seen.add(id(t))
-        kind = "fp8 scales" if name.endswith("scale") else str(t.dtype).replace("torch.", "")
+        kind = w4.byte_kind(name) or (
+            "fp8 scales" if name.endswith("scale") else str(t.dtype).replace("torch.", ""))
         sizes[kind] = sizes.get(kind, 0) + t.numel() * t.element_size()
     return ", ".join(f"{v / 2**20:.1f} MiB {k}" for k, v in sorted(sizes.items(),
                                                                     key=lambda kv: -kv[1]))

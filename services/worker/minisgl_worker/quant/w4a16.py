@@ -52,6 +52,18 @@ class W4Weight:
         return self.qweight.shape[1]
 
 
+
+@dataclass(frozen=True)
+class W4Experts:
+    """MoE experts in the W4A16 layout, stacked: expert e's W4Weight (no act-order) is
+    qweight[e], scales[e], zeros[e] (w13: K = hidden, N = 2 * I gate | up; w2: K = I, N = H)."""
+
+    qweight: torch.Tensor  # int32 [E, K // 8, N]
+    scales: torch.Tensor  # [E, K // G, N]
+    zeros: torch.Tensor | None  # [E, K // G, N] or None (zero point 8)
+    group_size: int
+
+
 def pack_rows(q: torch.Tensor) -> torch.Tensor:
     """q [K, N] integers in 0..15 -> int32 [K // 8, N], nibble j of row r = q[8r + j]."""
     k, n = q.shape
