@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .quant.w4_config import w4_format
+
 BLOCK = 128  # the only block size (and activation group) implemented
 
 
@@ -178,10 +180,8 @@ def checkpoint_quant(d: dict[str, Any]) -> CheckpointQuant | None:
     if not isinstance(qc, dict):
         raise _refuse("quant_method", qc, "unrecognised quantization_config")
     method = qc.get("quant_method", "?")
-    from .quant.w4_config import w4_quant  # imports this module (CheckpointQuant)
-
-    if (w4 := w4_quant(qc)) is not None:  # AWQ, GPTQ, compressed-tensors pack-quantized
-        return w4
+    if (w4 := w4_format(qc)) is not None:  # AWQ, GPTQ, compressed-tensors pack-quantized
+        return CheckpointQuant(method, "w4", False, w4[1], w4[0])
     if method == "fp8":
         return _fp8(qc)
     if method == "compressed-tensors":

@@ -20,13 +20,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..prequant import CheckpointQuant, _names, _refuse
 from .w4a16 import GROUP_SIZES
+
+Parsed = tuple["W4Format", tuple[str, ...]]  # the settings, and the modules left unquantized
+
+
+def _refuse(field: str, value: object, why: str) -> ValueError:
+    """prequant.py's one-line refusal (that module dispatches here, so it is not imported)."""
+    return ValueError(f"config.json quantization_config.{field}={value!r} is not supported: {why}")
+
+
+def _names(v: object, field: str) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise _refuse(field, v, "expected a list of module names")
+    return tuple(v)
 
 
 @dataclass(frozen=True)
 class W4Format:
-    """A 4-bit checkpoint's settings (CheckpointQuant.details with scheme "w4")."""
+    """A 4-bit checkpoint's settings (prequant.CheckpointQuant.details, scheme "w4")."""
 
     layout: str  # "awq" | "gptq" | "ct": which tensor names and packing (w4_layouts.py)
     group_size: int  # inputs per scale; -1: one group per output channel (G = K)
@@ -82,7 +96,7 @@ def _check_keys(qc: dict[str, Any], known: frozenset[str] | set[str], what: str)
             raise _refuse(key, value, f"a {what} setting this engine does not implement")
 
 
-def _awq(qc: dict[str, Any]) -> CheckpointQuant:
+def _awq(qc: dict[str, Any]) -> Parsed:
     known = _AWQ_INERT | {"bits", "w_bit", "group_size", "q_group_size", "zero_point",
                           "version", "format", "desc_act", "checkpoint_format"}
     _check_keys(qc, known, "AWQ")
@@ -99,11 +113,10 @@ def _awq(qc: dict[str, Any]) -> CheckpointQuant:
     if qc.get("desc_act") not in _UNSET:
         raise _refuse("desc_act", qc["desc_act"], "AWQ has no act-order")
     fmt = W4Format("awq", group, symmetric=False, act_order=False)
-    return CheckpointQuant("awq", "w4", False, _names(qc.get("modules_to_not_convert"),
-                                                      "modules_to_not_convert"), fmt)
+    return fmt, _names(qc.get("modules_to_not_convert"), "modules_to_not_convert")
 
 
-def _gptq(qc: dict[str, Any]) -> CheckpointQuant:
+def _gptq(qc: dict[str, Any]) -> Parsed:
     known = _GPTQ_INERT | {"bits", "group_size", "desc_act", "sym", "checkpoint_format",
                            "format", "pack_dtype", "lm_head", "dynamic", "adapter", "rotation",
                            "is_marlin_format"}
@@ -125,8 +138,7 @@ def _gptq(qc: dict[str, Any]) -> CheckpointQuant:
     details = W4Format("gptq", group, symmetric=qc.get("sym", True) is True,
                        act_order=qc.get("desc_act", False) is True,
                        zero_offset=1 if fmt == "gptq" else 0)
-    return CheckpointQuant("gptq", "w4", False, _names(qc.get("modules_to_not_convert"),
-                                                       "modules_to_not_convert"), details)
+    return details, _names(qc.get("modules_to_not_convert"), "modules_to_not_convert")
 
 
 _CT_TOP = frozenset(("quant_method", "format", "config_groups", "ignore",
@@ -167,7 +179,7 @@ def _ct_weights(args: dict[str, Any], field: str) -> W4Format:
     return W4Format("ct", group, symmetric=args.get("symmetric", True) is True, act_order=act)
 
 
-def _ct_pack(qc: dict[str, Any]) -> CheckpointQuant:
+def _ct_pack(qc: dict[str, Any]) -> Parsed:
     _check_keys(qc, _CT_TOP, "compressed-tensors")
     for key in ("kv_cache_scheme", "sparsity_config", "transform_config"):
         if qc.get(key):
@@ -194,13 +206,12 @@ def _ct_pack(qc: dict[str, Any]) -> CheckpointQuant:
             raise _refuse(f"{field}.{key}", value, "a quantization group setting not implemented")
     if fmt is None:
         raise _refuse(f"{field}.weights", None, "a group without weights")
-    return CheckpointQuant("compressed-tensors", "w4", False, _names(qc.get("ignore"), "ignore"),
-                           fmt)
+    return fmt, _names(qc.get("ignore"), "ignore")
 
 
-def w4_quant(qc: dict[str, Any]) -> CheckpointQuant | None:
-    """The CheckpointQuant of an AWQ / GPTQ / compressed-tensors pack-quantized config; None for
-    any other quant_method or compressed-tensors format (other parsers)."""
+def w4_format(qc: dict[str, Any]) -> Parsed | None:
+    """The settings (and ignored modules) of an AWQ / GPTQ / compressed-tensors pack-quantized
+    config; None for any other quant_method or compressed-tensors format (other parsers)."""
     method = qc.get("quant_method")
     if method == "awq":
         return _awq(qc)
