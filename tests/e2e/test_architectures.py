@@ -27,7 +27,7 @@ TOKENIZER = ROOT / "models" / "tiny"
 VOCAB = 4096  # the embedded tokenizer's
 # tests/worker/tiny_models.py names; the windowed Mistral is built here
 SERVED = ["mistral_window", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3",
-          "gemma3", "qwen3_fp8"]
+          "gemma3", "qwen3_fp8", "qwen3_awq"]
 PROMPT = [(37 * i + 11) % VOCAB for i in range(21)]  # longer than the tiny windows
 NEW_TOKENS = 12
 
@@ -48,20 +48,23 @@ def _hf_config(arch: str):  # noqa: ANN202 - a transformers config
 def _save(arch: str, path: Path):  # noqa: ANN202 - a transformers model
     import transformers as tf
 
-    fp8 = arch.endswith("_fp8")  # a block-FP8 checkpoint; HF holds its dequantized weights
+    # a block-FP8 or AWQ (4-bit, group 32) checkpoint; HF holds its dequantized weights
+    quant = arch.rsplit("_", 1)[1] if arch.endswith(("_fp8", "_awq")) else None
     torch.manual_seed(0)
-    model = tf.AutoModelForCausalLM.from_config(_hf_config(arch.removesuffix("_fp8")),
+    model = tf.AutoModelForCausalLM.from_config(_hf_config(arch.split("_")[0] if quant else arch),
                                                 dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
             p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.15 * noise)
-    if fp8:
+    if quant:
         from tests.worker.fp8_checkpoints import write_fp8_checkpoint
+        from tests.worker.w4_checkpoints import write_w4_checkpoint
 
         model.save_pretrained(path / "bf16", safe_serialization=True)
-        ref = write_fp8_checkpoint(path / "bf16", path, "block")
+        ref = write_fp8_checkpoint(path / "bf16", path, "block") if quant == "fp8" else \
+            write_w4_checkpoint(path / "bf16", path, "awq", 32)
         missing, unexpected = model.load_state_dict(ref, strict=False)
         assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
         shutil.rmtree(path / "bf16")

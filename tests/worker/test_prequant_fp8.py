@@ -228,8 +228,7 @@ _CT = {"quant_method": "compressed-tensors", "format": "float-quantized"}
 
 
 @pytest.mark.parametrize("qc, named", [
-    ({"quant_method": "awq", "bits": 4}, "quant_method='awq'"),
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "format='pack-quantized'"),
+    ({"quant_method": "hqq", "bits": 4}, "quant_method='hqq'"),  # AWQ/GPTQ: test_prequant_w4
     ({"quant_method": "compressed-tensors", "format": "naive-quantized"},
      "format='naive-quantized'"),
     ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "weight_block_size=[64, 64]"),

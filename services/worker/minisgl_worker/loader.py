@@ -25,6 +25,7 @@ from .prequant_load import bytes_by_format, finalize, keeps_fp8, prepare, target
 from .quantize import quantize_model
 
 log = logging.getLogger(__name__)
+FP8_SCHEMES = ("block", "tensor", "channel")
 DUMMY_STD = 0.02
 
 
@@ -165,9 +166,11 @@ def load_model(model_path: str | Path, cfg: ModelConfig, load_format: str, max_p
         if cfg.quant is not None:
             keep = keeps_fp8(device, dtype)
             n = finalize(model, keep, dtype)
-            log.info("pre-quantized checkpoint (%s): %d projections fp8, %s", cfg.quant.describe(),
-                     n, "kept in fp8 (fp8 GEMMs)" if keep else
-                     f"dequantized to {dtype} at load (no fp8 tensor cores or not bf16)")
+            how = ("kept in fp8 (fp8 GEMMs)" if keep else f"dequantized to {dtype} at load "
+                   "(no fp8 tensor cores or not bf16)") if cfg.quant.scheme in FP8_SCHEMES else \
+                "4-bit: see the line above"  # quant_load/w4.py logs kept / dequantized
+            log.info("pre-quantized checkpoint (%s): %d quantized layers, %s",
+                     cfg.quant.describe(), n, how)
     log.info("weight bytes by format: %s", bytes_by_format(model))
     if quantize_model(model, quantization):
         log.info("quantized the projections and experts to %s", quantization)

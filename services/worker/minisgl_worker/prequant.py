@@ -25,6 +25,7 @@ from typing import Any
 
 from .quant.int8 import compressed_int8
 from .quant.mxfp4 import parse_config as _mxfp4_config
+from .quant.w4_config import w4_format
 
 BLOCK = 128  # the only block size (and activation group) implemented
 
@@ -46,8 +47,9 @@ class CheckpointQuant:
         return BLOCK if self.scheme == "block" else None
 
     def describe(self) -> str:
-        if hasattr(self.details, "describe"):  # formats beyond fp8 describe themselves
-            return str(self.details.describe())
+        describe = getattr(self.details, "describe", None)  # the formats of quant/
+        if describe is not None:
+            return f"quant_method {self.method}: {describe()}"
         acts = "static per-tensor" if self.static_activations else (
             f"dynamic per-token-group({BLOCK})" if self.block else "dynamic per-token")
         return f"quant_method {self.method}: e4m3 weights, {self.scheme} scales, {acts} activations"
@@ -184,12 +186,14 @@ def checkpoint_quant(d: dict[str, Any]) -> CheckpointQuant | None:
     if not isinstance(qc, dict):
         raise _refuse("quant_method", qc, "unrecognised quantization_config")
     method = qc.get("quant_method", "?")
+    if (w4 := w4_format(qc)) is not None:  # AWQ, GPTQ, compressed-tensors pack-quantized
+        return CheckpointQuant(method, "w4", False, w4[1], w4[0])
     if method == "fp8":
         return _fp8(qc)
     if method == "compressed-tensors":
         return _compressed_tensors(qc)
     if method == "mxfp4":  # gpt-oss's experts (quant/mxfp4.py)
         return CheckpointQuant("mxfp4", "mxfp4", False, *_mxfp4_config(qc))
-    raise _refuse("quant_method", method, "pre-quantized checkpoints load only as fp8 "
-                  "(quant_method 'fp8' or compressed-tensors float-quantized); use the bf16/fp16 "
-                  "checkpoint (optionally with --quantization fp8)")
+    raise _refuse("quant_method", method, "pre-quantized checkpoints load as fp8, "
+                  "compressed-tensors (float-, int-, pack-quantized), awq, gptq or mxfp4; use the "
+                  "bf16/fp16 checkpoint (optionally with --quantization fp8)")

@@ -35,6 +35,7 @@ from .model_config import ModelConfig
 from .prequant import CheckpointQuant
 from .quant_load import int8 as int8_load
 from .quant_load import mxfp4 as mxfp4_load
+from .quant_load import w4
 
 log = logging.getLogger(__name__)
 Target = tuple[str, Any]
@@ -75,6 +76,8 @@ def target_fn(model: nn.Module, quant: CheckpointQuant | None) -> Callable[[str]
         return weight_target
     if quant.scheme == "int8":
         return int8_load.target_fn(model)
+    if quant.scheme == "w4":  # AWQ / GPTQ / compressed-tensors pack-quantized
+        return w4.target_fn(weight_target, quant)
     suffixes = scale_suffixes(quant)
 
     def target(name: str) -> Target | None:
@@ -100,6 +103,8 @@ def prepare(model: nn.Module, cfg: ModelConfig, files: list[Path], quantization:
     if quant.scheme == "mxfp4":  # gpt-oss's experts (quant_load/mxfp4.py)
         mxfp4_load.prepare(model, files)
         return
+    if quant.scheme == "w4":
+        return w4.prepare(model, quant, files)
     experts = cfg.num_experts or int(cfg.raw.get("n_routed_experts") or 0)
     if experts:
         raise ValueError(f"pre-quantized ({quant.method}) MoE checkpoints are not supported yet "
@@ -230,11 +235,13 @@ def keeps_fp8(device: torch.device, dtype: torch.dtype) -> bool:
 
 def finalize(model: nn.Module, keep_fp8: bool, dtype: torch.dtype) -> int:
     """After loading: dequantize each fp8 projection into `dtype` unless keep_fp8; the count of
-    fp8 projections in the checkpoint."""
-    count = int8_load.finalize(model, dtype)
+    fp8 projections in the checkpoint (and of the other formats' layers, quant_load/)."""
+    count = w4.finalize(model, dtype)  # 4-bit layers: kept packed on CUDA, else dequantized
+    count += int8_load.finalize(model, dtype)
     count += mxfp4_load.finalize(model, dtype)  # MXFP4 experts: kept on CUDA, else dequantized
     for mod in model.modules():
-        if not isinstance(mod, Fp8Linear) or mod.packed is not None or mod.weight.dtype != FP8:
+        if (not isinstance(mod, Fp8Linear) or mod.packed is not None or mod.weight is None
+                or mod.weight.dtype != FP8):
             continue
         count += 1
         if keep_fp8:
@@ -261,7 +268,8 @@ def bytes_by_format(model: nn.Module) -> str:
         if id(t) in seen or t.device.type == "meta":
             continue
         seen.add(id(t))
-        kind = "fp8 scales" if name.endswith("scale") else str(t.dtype).replace("torch.", "")
+        kind = w4.byte_kind(name) or (
+            "fp8 scales" if name.endswith("scale") else str(t.dtype).replace("torch.", ""))
         sizes[kind] = sizes.get(kind, 0) + t.numel() * t.element_size()
     return ", ".join(f"{v / 2**20:.1f} MiB {k}" for k, v in sorted(sizes.items(),
                                                                     key=lambda kv: -kv[1]))
