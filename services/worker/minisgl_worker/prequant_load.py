@@ -33,6 +33,7 @@ from .layers.linear import ColumnParallelLinear, RowParallelLinear
 from .layers.weights import WeightSource, check_shape, read, set_loader, src_shape
 from .model_config import ModelConfig
 from .prequant import CheckpointQuant
+from .quant_load import fp8_moe
 
 log = logging.getLogger(__name__)
 Target = tuple[str, Any]
@@ -59,6 +60,8 @@ def _scale_target(weight_target: Callable[[str], Target | None], suffixes: dict[
     for suffix, attr in suffixes.items():
         if name.endswith(suffix):
             t = weight_target(name[: -len(suffix)] + ".weight")
+            if t is not None and fp8_moe.is_experts(t[0]):  # stacked MoE experts
+                return attr, fp8_moe.scale_target(t, attr)
             if t is None or not t[0].endswith(".weight"):
                 return attr, None
             return attr, (t[0][: -len("weight")] + attr, t[1])
@@ -91,10 +94,6 @@ def prepare(model: nn.Module, cfg: ModelConfig, files: list[Path], quantization:
     if quantization != "none":
         raise ValueError(f"--quantization {quantization} with a pre-quantized checkpoint "
                          f"({quant.method}): its weights are fp8 already; drop the flag")
-    experts = cfg.num_experts or int(cfg.raw.get("n_routed_experts") or 0)
-    if experts:
-        raise ValueError(f"pre-quantized ({quant.method}) MoE checkpoints are not supported yet "
-                         f"(config.json has {experts} experts); use the bf16 checkpoint")
     weight_target: Callable[[str], Target | None] = model.weight_target  # type: ignore[assignment]
     suffixes = scale_suffixes(quant)
     modules: dict[str, str] = {}  # our module -> a checkpoint scale tensor naming it
@@ -109,10 +108,12 @@ def prepare(model: nn.Module, cfg: ModelConfig, files: list[Path], quantization:
             mod = model.get_submodule(mod_name)
         except AttributeError:
             continue  # a layer past num_hidden_layers: the loader skips its tensors
+        if fp8_moe.convert(mod, mod_name, quant):  # MoE experts, DeepSeek's latent projections
+            continue
         if not isinstance(mod, ColumnParallelLinear | RowParallelLinear):
             raise ValueError(f"checkpoint tensor {scale_name!r} scales {mod_name} "
                              f"({type(mod).__name__}), which this engine keeps unquantized; "
-                             "only the attention and MLP projections load as fp8")
+                             "only the attention, MLP and expert projections load as fp8")
         _convert(mod, mod_name, quant)
 
 
@@ -222,7 +223,7 @@ def keeps_fp8(device: torch.device, dtype: torch.dtype) -> bool:
 def finalize(model: nn.Module, keep_fp8: bool, dtype: torch.dtype) -> int:
     """After loading: dequantize each fp8 projection into `dtype` unless keep_fp8; the count of
     fp8 projections in the checkpoint."""
-    count = 0
+    count = fp8_moe.finalize(model, keep_fp8, dtype)  # experts, kv_b_proj, rotary scale rows
     for mod in model.modules():
         if not isinstance(mod, Fp8Linear) or mod.weight.dtype != FP8:
             continue

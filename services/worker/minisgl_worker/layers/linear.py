@@ -18,14 +18,18 @@ from .fp8_linear import Fp8Linear
 from .weights import WeightSource, check_shape, default_loader, new_param, read, set_loader, src_shape
 
 
-class ReplicatedLinear(nn.Module):
+class ReplicatedLinear(Fp8Linear):
+    """Every rank the whole weight (routers, DeepSeek's latent projections). An Fp8Linear so a
+    pre-quantized checkpoint's fp8 latent projections load (quant_load/fp8_mla.py); routers
+    stay as loaded (--quantization fp8 does not touch this class)."""
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = set_loader(new_param(out_features, in_features), default_loader)
         self.bias = set_loader(new_param(out_features), default_loader) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_ops.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class ColumnParallelLinear(Fp8Linear):

@@ -60,6 +60,8 @@ def _permuting(param: nn.Parameter, head_dim: int, rope_dim: int) -> nn.Paramete
         inner(p, src, shard_id)
         permute_rope_rows(p, head_dim, rope_dim)
 
+    # Read by pre-quantized fp8 loading: per-row scales follow their rows (quant_load/fp8_mla.py)
+    load.rope_rows = (head_dim, rope_dim)  # type: ignore[attr-defined]
     return set_loader(param, load, param.num_shards)  # type: ignore[attr-defined]
 
 
