@@ -325,7 +325,8 @@ def test_block_experts_kernel_equals_reference(t: int, e: int, h: int, inter: in
 
 def test_group_quantization_kernel_equals_torch() -> None:
     """The per-token-group quantization kernel: fp8_block.quantize_groups's scales, and its
-    values before rounding (the interpreter's fp32 -> fp8 cast does not round to nearest)."""
+    values before rounding (the interpreter's fp32 -> fp8 cast does not round to nearest),
+    rounded by torch: the same fp8 bytes."""
     mod = _kernels()
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(5, 600, generator=gen) * torch.rand(5, 1, generator=gen) * 10
@@ -333,5 +334,5 @@ def test_group_quantization_kernel_equals_torch() -> None:
     q, s = mod.quantize_token_groups(x, torch.float32)
     q_ref, s_ref = quantize_groups(x)
     torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
-    torch.testing.assert_close(q.to(FP8).float(), q_ref.float(), rtol=0.07, atol=0)
+    torch.testing.assert_close(q.to(FP8).float(), q_ref.float(), rtol=0, atol=0)
     assert q.abs().max() <= 448.0

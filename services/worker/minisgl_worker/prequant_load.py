@@ -12,6 +12,9 @@ After loading (finalize): on a GPU with fp8 tensor cores and bf16 activations th
 (layers/fp8_linear.py runs them); elsewhere (CPU, older GPUs, fp16/fp32 models) each projection is
 dequantized once into the model dtype and runs as a plain linear layer with unquantized
 activations: the checkpoint's function without activation rounding.
+
+MoE experts (stacked per block) and DeepSeek's replicated / absorbed latent projections load
+through quant_load/fp8_moe.py and quant_load/fp8_mla.py, called from prepare and finalize.
 """
 
 from __future__ import annotations

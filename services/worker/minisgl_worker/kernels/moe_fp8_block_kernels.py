@@ -19,8 +19,9 @@ import triton.language as tl
 from .fused_moe_kernels import _tile_coords
 from .pdl import begin as _pdl_begin
 
-FP8_MAX = 448.0
-TINY = 1.1754943508222875e-38  # float32's smallest normal: the scale of an all-zero group
+# globals a kernel reads must be constexpr
+FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+TINY: tl.constexpr = tl.constexpr(1.1754943508222875e-38)  # the scale of an all-zero group
 
 
 @triton.jit
@@ -34,8 +35,11 @@ def quant_groups_kernel(x_ptr, q_ptr, s_ptr, k, num_groups, stride_x, stride_q, 
     cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     ok = cols < k
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-    s = tl.maximum(tl.max(tl.abs(x), axis=1), TINY) / FP8_MAX
-    q = tl.clamp(x / s[:, None], -FP8_MAX, FP8_MAX)
+    # IEEE divisions (div_rn), as torch divides: Triton's `/` is approximate on the GPU
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), TINY)
+    s = tl.math.div_rn(amax, tl.zeros_like(amax) + FP8_MAX)
+    q = tl.math.div_rn(x, tl.zeros_like(x) + s[:, None])
+    q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
     tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(s_ptr + row * stride_s + g, s, mask=g < num_groups)
 
