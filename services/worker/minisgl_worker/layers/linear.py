@@ -18,18 +18,28 @@ from .fp8_linear import Fp8Linear
 from .weights import WeightSource, check_shape, default_loader, new_param, read, set_loader, src_shape
 
 
-class ReplicatedLinear(Fp8Linear):
-    """Every rank the whole weight (routers, DeepSeek's latent projections). An Fp8Linear so a
-    pre-quantized checkpoint's fp8 latent projections load (quant_load/fp8_mla.py); routers
-    stay as loaded (--quantization fp8 does not touch this class)."""
-
+class ReplicatedLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = set_loader(new_param(out_features, in_features), default_loader)
         self.bias = set_loader(new_param(out_features), default_loader) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x, self.bias)
+        return fused_ops.linear(x, self.weight, self.bias)
+
+
+class ReplicatedProjection(Fp8Linear):
+    """A projection every rank holds whole (DeepSeek's latent q_a_proj, kv_a_proj_with_mqa),
+    which a pre-quantized checkpoint may store in fp8 (quant_load/fp8_mla.py). Routers stay
+    ReplicatedLinear: their logits pick the experts, never quantized; --quantization fp8
+    leaves this class as loaded too."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = set_loader(new_param(out_features, in_features), default_loader)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x)
 
 
 class ColumnParallelLinear(Fp8Linear):

@@ -2,7 +2,7 @@
 block fp8 on q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj and o_proj), beyond the column /
 row-parallel ones prequant_load converts (q_b_proj / q_proj, o_proj):
 
-  q_a_proj, kv_a_proj_with_mqa   ReplicatedLinear: fp8 weight with per-row scales as the dense
+  q_a_proj, kv_a_proj_with_mqa   ReplicatedProjection: fp8 weight with per-row scales as the dense
                                  fp8 projections hold them (layers/fp8_linear.py), whole on
                                  every rank; they stay fp8 where the dense ones do.
   kv_b_proj                      LatentUpProjection: absorbed into the query and the output
@@ -26,7 +26,7 @@ from ..distributed import tp
 from ..fp8 import FP8
 from ..fp8_block import GROUP, dequantize_blocks, groups, rows_of_blocks
 from ..layers.fp8_linear import Fp8Linear
-from ..layers.linear import ReplicatedLinear
+from ..layers.linear import ReplicatedProjection
 from ..layers.mla import LatentUpProjection, permute_rope_rows
 from ..layers.weights import WeightSource, check_shape, read, set_loader, src_shape
 from ..prequant import CheckpointQuant
@@ -34,11 +34,11 @@ from ..prequant import CheckpointQuant
 
 def convert(mod: nn.Module, name: str, quant: CheckpointQuant) -> bool:
     """Give a replicated projection or kv_b_proj fp8 parameters; False for any other module."""
-    if not isinstance(mod, ReplicatedLinear | LatentUpProjection):
+    if not isinstance(mod, ReplicatedProjection | LatentUpProjection):
         return False
     if quant.scheme not in ("block", "tensor", "channel"):
         raise ValueError(f"{name}: {quant.scheme} weights are not implemented here")
-    if quant.static_activations and isinstance(mod, ReplicatedLinear):
+    if quant.static_activations and isinstance(mod, ReplicatedProjection):
         raise ValueError(f"{name}: static activation scales (input_scale) on a replicated "
                          "projection are not implemented")
     w = mod.weight
