@@ -12,6 +12,11 @@ not its expanded scales), after transformers' finegrained_fp8 integration and co
              activations
   ct_tensor  compressed-tensors float-quantized, weights strategy tensor (`weight_scale` [1]),
              static per-tensor activations (`input_scale` [1])
+  tensor_dynamic  quant_method fp8, no block size, dynamic activations: `weight_scale` scalar
+
+Quantized: every layer projection, MoE experts (`mlp.experts.{e}.*_proj`, one tensor set per
+expert as Qwen3-MoE-FP8 and DeepSeek-V3 ship them) and shared experts, and DeepSeek's latent
+projections (q_a/q_b/kv_a_proj_with_mqa/kv_b/o_proj); routers (`mlp.gate`) stay unquantized.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 FORMATS = ("block", "tensor", "ct_channel", "ct_tensor")
+MOE_FORMATS = ("block", "ct_channel", "tensor_dynamic")  # the expert layouts that load
 FP8 = torch.float8_e4m3fn
-PROJ = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$")
+PROJ = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.((experts\.\d+|shared_experts)\.)?"
+                  r"\w+_proj(_with_mqa)?\.weight$")
 
 
 def _q(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -65,6 +72,8 @@ def quantization_config(fmt: str, ignore: list[str]) -> dict:
                 "weight_block_size": [128, 128], "modules_to_not_convert": ignore}
     if fmt == "tensor":
         return {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ignore}
+    if fmt == "tensor_dynamic":
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": ignore}
     strategy, static = ("channel", False) if fmt == "ct_channel" else ("tensor", True)
     return {"quant_method": "compressed-tensors", "format": "float-quantized",
             "config_groups": _ct_group(strategy, static), "ignore": ["lm_head", *ignore],
@@ -77,7 +86,7 @@ def write_fp8_checkpoint(src: Path, dst: Path, fmt: str, ignore: list[str] = (),
     """dst: src's files with every layer projection (but those in `ignore`, module names)
     quantized in format `fmt`; returns the dequantized state dict (all tensors, fp32).
     input_amax: a module's calibrated max |input| for static formats (default 8)."""
-    assert fmt in FORMATS, fmt
+    assert fmt in FORMATS or fmt in MOE_FORMATS, fmt
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors*"), dirs_exist_ok=True)
     state: dict[str, torch.Tensor] = {}
     for f in sorted(src.glob("*.safetensors")):
@@ -100,11 +109,12 @@ def write_fp8_checkpoint(src: Path, dst: Path, fmt: str, ignore: list[str] = (),
         else:
             s = w.abs().max() / 448.0
             q = _q(w, s)
-            shape = () if fmt == "tensor" else (1,)
+            shape = (1,) if fmt == "ct_tensor" else ()
             amax = (input_amax or {}).get(module, 8.0)
             out[name], deq = q, q.float() * s
             out[module + ".weight_scale"] = s.reshape(shape)
-            out[module + ".input_scale"] = torch.tensor(amax / 448.0).reshape(shape)
+            if fmt != "tensor_dynamic":
+                out[module + ".input_scale"] = torch.tensor(amax / 448.0).reshape(shape)
         ref[name] = deq
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((dst / "config.json").read_text())

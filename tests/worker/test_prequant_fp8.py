@@ -268,10 +268,22 @@ def test_fp8_weight_without_scales_is_refused(checkpoints, tmp_path: Path) -> No
     assert ("F8_E4M3" in msg or "weight_scale_inv" in msg) and "\n" not in msg, msg
 
 
-def test_quantized_moe_is_refused(tiny_model, tmp_path: Path) -> None:  # noqa: ANN001
-    dst = shutil.copytree(tiny_model("qwen3_moe"), tmp_path / "m")
+def test_another_formats_moe_is_refused(tiny_model, tmp_path: Path) -> None:  # noqa: ANN001
+    """fp8 experts load in the per-expert layout (test_prequant_fp8_moe.py); gpt-oss's stacked
+    experts in fp8 with a scale of their own naming stop start-up, naming the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    dst = shutil.copytree(tiny_model("gpt_oss"), tmp_path / "m")
     cfg = json.loads((dst / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
     (dst / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="MoE checkpoints are not supported yet"):
+    (f,) = dst.glob("*.safetensors")
+    state = load_file(str(f))
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    state[name] = state[name].to(torch.float8_e4m3fn)
+    state[name + "_scale_inv"] = torch.ones(state[name].shape[0], 1, 1)
+    save_file(state, str(f))
+    with pytest.raises(ValueError) as err:
         _engine(dst)
+    msg = str(err.value)
+    assert "gate_up_proj" in msg and "\n" not in msg, msg

@@ -12,6 +12,9 @@ After loading (finalize): on a GPU with fp8 tensor cores and bf16 activations th
 (layers/fp8_linear.py runs them); elsewhere (CPU, older GPUs, fp16/fp32 models) each projection is
 dequantized once into the model dtype and runs as a plain linear layer with unquantized
 activations: the checkpoint's function without activation rounding.
+
+MoE experts (stacked per block) and DeepSeek's replicated / absorbed latent projections load
+through quant_load/fp8_moe.py and quant_load/fp8_mla.py, called from prepare and finalize.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ from .layers.linear import ColumnParallelLinear, RowParallelLinear
 from .layers.weights import WeightSource, check_shape, read, set_loader, src_shape
 from .model_config import ModelConfig
 from .prequant import CheckpointQuant
+from .quant_load import fp8_moe, w4
 from .quant_load import int8 as int8_load
 from .quant_load import mxfp4 as mxfp4_load
-from .quant_load import w4
 
 log = logging.getLogger(__name__)
 Target = tuple[str, Any]
@@ -62,6 +65,8 @@ def _scale_target(weight_target: Callable[[str], Target | None], suffixes: dict[
     for suffix, attr in suffixes.items():
         if name.endswith(suffix):
             t = weight_target(name[: -len(suffix)] + ".weight")
+            if t is not None and fp8_moe.is_experts(t[0]):  # stacked MoE experts
+                return attr, fp8_moe.scale_target(t, attr)
             if t is None or not t[0].endswith(".weight"):
                 return attr, None
             return attr, (t[0][: -len("weight")] + attr, t[1])
@@ -105,10 +110,6 @@ def prepare(model: nn.Module, cfg: ModelConfig, files: list[Path], quantization:
         return
     if quant.scheme == "w4":
         return w4.prepare(model, quant, files)
-    experts = cfg.num_experts or int(cfg.raw.get("n_routed_experts") or 0)
-    if experts:
-        raise ValueError(f"pre-quantized ({quant.method}) MoE checkpoints are not supported yet "
-                         f"(config.json has {experts} experts); use the bf16 checkpoint")
     weight_target: Callable[[str], Target | None] = model.weight_target  # type: ignore[assignment]
     suffixes = scale_suffixes(quant)
     modules: dict[str, str] = {}  # our module -> a checkpoint scale tensor naming it
@@ -123,10 +124,12 @@ def prepare(model: nn.Module, cfg: ModelConfig, files: list[Path], quantization:
             mod = model.get_submodule(mod_name)
         except AttributeError:
             continue  # a layer past num_hidden_layers: the loader skips its tensors
+        if fp8_moe.convert(mod, mod_name, quant):  # MoE experts, DeepSeek's latent projections
+            continue
         if not isinstance(mod, ColumnParallelLinear | RowParallelLinear):
             raise ValueError(f"checkpoint tensor {scale_name!r} scales {mod_name} "
                              f"({type(mod).__name__}), which this engine keeps unquantized; "
-                             "only the attention and MLP projections load as fp8")
+                             "only the attention, MLP and expert projections load as fp8")
         _convert(mod, mod_name, quant)
 
 
@@ -236,7 +239,8 @@ def keeps_fp8(device: torch.device, dtype: torch.dtype) -> bool:
 def finalize(model: nn.Module, keep_fp8: bool, dtype: torch.dtype) -> int:
     """After loading: dequantize each fp8 projection into `dtype` unless keep_fp8; the count of
     fp8 projections in the checkpoint (and of the other formats' layers, quant_load/)."""
-    count = w4.finalize(model, dtype)  # 4-bit layers: kept packed on CUDA, else dequantized
+    count = fp8_moe.finalize(model, keep_fp8, dtype)  # experts, kv_b_proj, rotary scale rows
+    count += w4.finalize(model, dtype)  # 4-bit layers: kept packed on CUDA, else dequantized
     count += int8_load.finalize(model, dtype)
     count += mxfp4_load.finalize(model, dtype)  # MXFP4 experts: kept on CUDA, else dequantized
     for mod in model.modules():

@@ -28,6 +28,20 @@ class ReplicatedLinear(nn.Module):
         return fused_ops.linear(x, self.weight, self.bias)
 
 
+class ReplicatedProjection(Fp8Linear):
+    """A projection every rank holds whole (DeepSeek's latent q_a_proj, kv_a_proj_with_mqa),
+    which a pre-quantized checkpoint may store in fp8 (quant_load/fp8_mla.py). Routers stay
+    ReplicatedLinear: their logits pick the experts, never quantized; --quantization fp8
+    leaves this class as loaded too."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = set_loader(new_param(out_features, in_features), default_loader)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x)
+
+
 class ColumnParallelLinear(Fp8Linear):
     """out = x @ [W_0; W_1; ...]^T with each W_i (full size out_sizes[i]) split by rank.
     Checkpoint tensors load one at a time with shard_id = i (0 when there is a single one)."""

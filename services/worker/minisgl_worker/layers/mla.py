@@ -33,7 +33,7 @@ from torch import nn
 
 from ..attention.base import AttentionBackend
 from ..distributed import shard, tp
-from .linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from .linear import ColumnParallelLinear, ReplicatedProjection, RowParallelLinear
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
 from .weights import WeightSource, check_shape, new_param, read, set_loader, src_shape
@@ -60,6 +60,8 @@ def _permuting(param: nn.Parameter, head_dim: int, rope_dim: int) -> nn.Paramete
         inner(p, src, shard_id)
         permute_rope_rows(p, head_dim, rope_dim)
 
+    # Read by pre-quantized fp8 loading: per-row scales follow their rows (quant_load/fp8_mla.py)
+    load.rope_rows = (head_dim, rope_dim)  # type: ignore[attr-defined]
     return set_loader(param, load, param.num_shards)  # type: ignore[attr-defined]
 
 
@@ -106,18 +108,19 @@ class MultiLatentAttention(nn.Module):
         self.kv_lora_rank = kv_lora_rank
         qk = qk_nope_head_dim + qk_rope_head_dim
         self.q_proj: ColumnParallelLinear | None = None
-        self.q_a_proj: ReplicatedLinear | None = None
+        self.q_a_proj: ReplicatedProjection | None = None
         self.q_a_layernorm: RMSNorm | None = None
         self.q_b_proj: ColumnParallelLinear | None = None
         if q_lora_rank is None:
             self.q_proj = ColumnParallelLinear(hidden_size, [num_heads * qk])
             q_out = self.q_proj
         else:
-            self.q_a_proj = ReplicatedLinear(hidden_size, q_lora_rank)
+            self.q_a_proj = ReplicatedProjection(hidden_size, q_lora_rank)
             self.q_a_layernorm = RMSNorm(q_lora_rank, eps)
             self.q_b_proj = ColumnParallelLinear(q_lora_rank, [num_heads * qk])
             q_out = self.q_b_proj
-        self.kv_a_proj_with_mqa = ReplicatedLinear(hidden_size, kv_lora_rank + qk_rope_head_dim)
+        self.kv_a_proj_with_mqa = ReplicatedProjection(hidden_size,
+                                                       kv_lora_rank + qk_rope_head_dim)
         self.kv_a_layernorm = RMSNorm(kv_lora_rank, eps)
         self.kv_b_proj = LatentUpProjection(num_heads, qk_nope_head_dim, v_head_dim, kv_lora_rank)
         self.o_proj = RowParallelLinear(num_heads * v_head_dim, hidden_size)

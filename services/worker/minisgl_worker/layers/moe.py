@@ -67,10 +67,12 @@ class SparseMoeBlock(nn.Module):
     def warm_up_kernels(self, dtype: torch.dtype) -> list[int]:
         """Compile the default experts kernels' every tile config now (CUDA only): the token
         counts run, [] when nothing was compiled here."""
-        if self.experts_fn is not fused_moe:
-            return []
         w13_scale, w2_scale = self.w13_scale, self.w2_scale  # buffers: None or fp32 tensors
         assert not isinstance(w13_scale, nn.Module) and not isinstance(w2_scale, nn.Module)
+        if self.experts_fn is not fused_moe:  # another kernel may warm itself up
+            own = getattr(self.experts_fn, "warm_up", None)
+            return own(self.w13, self.w2, self.top_k, dtype, w13_scale=w13_scale,
+                       w2_scale=w2_scale) if own is not None else []
         return warm_up(self.w13, self.w2, self.top_k, dtype,
                        w13_scale=w13_scale, w2_scale=w2_scale)
 
