@@ -65,7 +65,11 @@ def check_kernels(records: list[dict]) -> list[str]:
             x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
             qx, sx = k8.quantize(x)
             rq, rs = q8.quantize_rows(x)
-            q_bad = (qx != rq).sum().item() + (sx != rs).sum().item()
+            # Off by one code on ~1e-5 of the elements on an H200 (rounding ties: the kernel's
+            # half-to-even trick and torch.round disagree there); any larger gap is a bug.
+            q_bad = int(((qx.int() - rq.int()).abs() > 1).sum().item()
+                        + (sx != rs).sum().item())
+            q_ties = int((qx != rq).sum().item())
             gemm_err = _rel(k8.int8_gemm(qx, qw, sx, sw, torch.float32),
                             q8.int_product(qx, sx, qw, sw))
             out_err = _rel(k8.linear(x, qw, sw), q8.reference_linear(x, qw, sw))
@@ -75,8 +79,9 @@ def check_kernels(records: list[dict]) -> list[str]:
             t_int_mm = _us(lambda i, qx=qx, sx=sx, wq=wq: k8.int_mm(
                 qx, wq[i % len(wq)][0], sx, wq[i % len(wq)][1], torch.bfloat16)) if m > 16 else None
             t_bf16 = _us(lambda i, x=x, wb=wb: torch.nn.functional.linear(x, wb[i % len(wb)]))
-            ok = q_bad == 0 and gemm_err < 1e-6 and out_err < 1e-2
-            rec = {"n": n, "k": k, "m": m, "quant_mismatches": q_bad, "gemm_err": gemm_err,
+            ok = q_bad == 0 and q_ties <= qx.numel() * 1e-4 and gemm_err < 1e-6 and out_err < 1e-2
+            rec = {"n": n, "k": k, "m": m, "quant_mismatches": q_bad, "quant_ties": q_ties,
+                   "gemm_err": gemm_err,
                    "bf16_out_err": out_err, "int8_us": round(t_int8, 1),
                    "gemm_us": round(t_gemm, 1),
                    "int_mm_us": None if t_int_mm is None else round(t_int_mm, 1),

@@ -102,9 +102,11 @@ def blockwise_available() -> bool:
 def whole_blocks(row_scales: torch.Tensor) -> torch.Tensor | None:
     """The [N/128, K/128] block scales behind per-row ones [N, K/128] when every 128 rows share
     theirs (the rows form whole checkpoint blocks: no packed part or TP shard starts inside a
-    block), else None."""
-    n = row_scales.shape[0]
-    if n % GROUP:
+    block) and cuBLASLt takes the grid, else None."""
+    n, kg = row_scales.shape
+    # cuBLASLt wants the block-scale grid in whole 4x4 tiles (N and K multiples of 512: every
+    # projection of the served 7B+ shapes; a tiny model's layers take our Triton kernel)
+    if n % (4 * GROUP) or kg % 4:
         return None
     chunks = row_scales.view(n // GROUP, GROUP, -1)
     if not bool((chunks == chunks[:, :1]).all()):
