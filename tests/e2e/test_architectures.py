@@ -27,7 +27,30 @@ TOKENIZER = ROOT / "models" / "tiny"
 VOCAB = 4096  # the embedded tokenizer's
 # tests/worker/tiny_models.py names; the windowed Mistral is built here
 SERVED = ["mistral_window", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3",
-          "gemma3", "qwen3_fp8", "qwen3_awq"]
+          "gemma3", "qwen3_fp8", "qwen3_awq", "qwen3_gptq", "qwen3_ctw4", "qwen3_int8",
+          "gpt_oss_mxfp4"]
+
+
+def _write_quantized(fmt: str, src: Path, dst: Path) -> dict[str, torch.Tensor]:
+    """A pre-quantized checkpoint of `src` in a publisher's layout at dst (tests/worker's
+    writers); returns the dequantized state dict HF holds for it."""
+    from tests.worker.fp8_checkpoints import write_fp8_checkpoint
+    from tests.worker.int8_checkpoints import write_int8_checkpoint
+    from tests.worker.mxfp4_checkpoints import write_mxfp4_checkpoint
+    from tests.worker.w4_checkpoints import write_w4_checkpoint
+
+    if fmt == "fp8":
+        return write_fp8_checkpoint(src, dst, "block")
+    if fmt == "int8":
+        return write_int8_checkpoint(src, dst, "channel")
+    if fmt == "mxfp4":
+        return write_mxfp4_checkpoint(src, dst)
+    # awq; gptq with act-order; compressed-tensors pack-quantized, asymmetric: group 32
+    return write_w4_checkpoint(src, dst, {"awq": "awq", "gptq": "gptq_act",
+                                          "ctw4": "ct_asym"}[fmt], 32)
+
+
+QUANTIZED = ("fp8", "awq", "gptq", "ctw4", "int8", "mxfp4")
 PROMPT = [(37 * i + 11) % VOCAB for i in range(21)]  # longer than the tiny windows
 NEW_TOKENS = 12
 
@@ -48,10 +71,11 @@ def _hf_config(arch: str):  # noqa: ANN202 - a transformers config
 def _save(arch: str, path: Path):  # noqa: ANN202 - a transformers model
     import transformers as tf
 
-    # a block-FP8 or AWQ (4-bit, group 32) checkpoint; HF holds its dequantized weights
-    quant = arch.rsplit("_", 1)[1] if arch.endswith(("_fp8", "_awq")) else None
+    # a pre-quantized checkpoint (QUANTIZED formats); HF holds its dequantized weights
+    base, _, fmt = arch.rpartition("_")
+    quant = fmt if fmt in QUANTIZED else None
     torch.manual_seed(0)
-    model = tf.AutoModelForCausalLM.from_config(_hf_config(arch.split("_")[0] if quant else arch),
+    model = tf.AutoModelForCausalLM.from_config(_hf_config(base if quant else arch),
                                                 dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -59,12 +83,8 @@ def _save(arch: str, path: Path):  # noqa: ANN202 - a transformers model
             noise = torch.randn(p.shape, generator=gen)
             p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.15 * noise)
     if quant:
-        from tests.worker.fp8_checkpoints import write_fp8_checkpoint
-        from tests.worker.w4_checkpoints import write_w4_checkpoint
-
         model.save_pretrained(path / "bf16", safe_serialization=True)
-        ref = write_fp8_checkpoint(path / "bf16", path, "block") if quant == "fp8" else \
-            write_w4_checkpoint(path / "bf16", path, "awq", 32)
+        ref = _write_quantized(quant, path / "bf16", path)
         missing, unexpected = model.load_state_dict(ref, strict=False)
         assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
         shutil.rmtree(path / "bf16")
