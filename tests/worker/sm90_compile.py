@@ -11,9 +11,13 @@ the variants the worker launches there (PDL on). Run as a script, without TRITON
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 os.environ.pop("TRITON_INTERPRET", None)  # before the kernels are decorated
@@ -31,6 +35,9 @@ class Case:
     ptrs: dict[str, str] = field(default_factory=dict)  # pointer arguments not *bf16
     scalars: dict[str, str] = field(default_factory=dict)  # scalar arguments not i32
     options: dict[str, Any] = field(default_factory=lambda: {"num_warps": 4})
+    # arguments the launcher would see as multiples of 16 (pointers: 16-byte aligned), as
+    # Triton specializes them at run time: what lets loads vectorize and pipeline
+    divisible: tuple[str, ...] = ()  # names the kernel lacks are ignored
 
     @property
     def name(self) -> str:
@@ -70,6 +77,45 @@ def _down_case(tile: dict[str, Any], warps: int, stages: int) -> Case:
                 {"a_scale_ptr": "*fp32", "scale_ptr": "*fp32", "weights_ptr": "*fp32",
                  **_MOE_TILE_PTRS}, {}, {"num_warps": warps, "num_stages": stages})
 
+
+_MXFP4_PTRS = {"w_ptr": "*u8", "s_ptr": "*u8", **_MOE_TILE_PTRS}
+# gpt-oss shapes (H = I = 2880): every stride but the scales' rows (H / 32 = 90) is a multiple
+# of 16; so are the pointers
+_MXFP4_DIV = ("x_ptr", "a_ptr", "w_ptr", "s_ptr", "out_ptr", "weights_ptr", "b_ptr", "sorted_ptr",
+              "expert_of_block_ptr", "num_padded_ptr", "hidden", "inter", "stride_xt",
+              "stride_at", "stride_we", "stride_wn", "stride_se", "stride_ot", "stride_be")
+
+
+def _mxfp4_cases(tile: tuple[int, int, int, int, int], swap: bool, asm: bool, even: bool,
+                 dtype: str = "*bf16", gpt_oss: bool = True,
+                 kernels: tuple[str, ...] = ("gate_up_kernel", "down_kernel")) -> list[Case]:
+    """moe_mxfp4_kernels' two GEMMs with tile (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), as
+    moe_mxfp4.choose_config picks them; gpt_oss: biases and the clamped SwiGLU."""
+    bm, bn, bk, warps, stages = tile
+    out = []
+    for kernel in kernels:
+        up = kernel == "gate_up_kernel"
+        consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1 if swap else 4,
+                  "EVEN_K": even, "PRECISION": "tf32", "SWAP_AB": swap, "ASM": asm,
+                  "HAS_BIAS": gpt_oss, **({"TOPK": 4, "CLAMPED": gpt_oss} if up else {}), **_PDL}
+        ptrs = {**_MXFP4_PTRS, "out_ptr": dtype, "b_ptr": dtype,
+                **({"x_ptr": dtype} if up else {"a_ptr": dtype, "weights_ptr": "*fp32"})}
+        scalars = {"alpha": "fp32", "limit": "fp32"} if up else {}
+        out.append(Case("moe_mxfp4_kernels", kernel, consts, ptrs, scalars,
+                        {"num_warps": warps, "num_stages": stages}, _MXFP4_DIV))
+    return out
+
+
+# MXFP4 experts (moe_mxfp4_kernels.py): decode tiles (SWAP_AB, K 128: H = 2880 leaves a partial
+# last step) with the PTX upcast and the float one, fp16; prefill tiles (K 64, even).
+_MXFP4_CASES = [
+    *_mxfp4_cases((16, 64, 128, 4, 4), True, True, False),
+    *_mxfp4_cases((16, 64, 128, 4, 3), True, False, True),
+    *_mxfp4_cases((16, 64, 128, 4, 3), True, False, False, "*fp16", kernels=("gate_up_kernel",)),
+    *_mxfp4_cases((32, 128, 64, 4, 3), False, True, True),
+    *_mxfp4_cases((128, 128, 64, 8, 3), False, True, True),
+    *_mxfp4_cases((64, 128, 64, 8, 3), False, False, False, "*fp16", gpt_oss=False),
+]
 
 CASES = [
     Case("all_reduce_kernels", "barrier_all_reduce", {"WORLD": 2, "BLOCK": 1024},
@@ -192,6 +238,7 @@ CASES = [
             "EVEN_K": True, "EVEN_N": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128,
             "GROUP_M": 1, "PRECISION": "tf32", **_PDL}, {"q_ptr": "*i32", **_MOE_TILE_PTRS})
       for up, bm, bn in ((True, 16, 32), (False, 64, 128))),
+    *_MXFP4_CASES,
     Case("fp8_gemm", "_fp8_gemm_kernel",
          {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "ACC_MODE": 1, **_PDL},
          {"a_ptr": _FP8, "b_ptr": _FP8, "sa_ptr": "*fp32", "sb_ptr": "*fp32"}, {},
@@ -199,8 +246,20 @@ CASES = [
 ]
 
 
-def compile_case(case: Case) -> int:
-    """The size of the sm_90 binary; raises what Triton or ptxas raised."""
+def resources(cubin: bytes) -> str:
+    """Registers and local memory (spills) a thread, from cuobjdump (shipped beside ptxas)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True,
+                              text=True).stdout
+    use = dict(re.findall(r"(REG|LOCAL|SHARED):(\d+)", text))
+    return f"{use.get('REG', '?')} registers, {use.get('LOCAL', '?')} bytes local (spills)"
+
+
+def compile_case(case: Case) -> tuple[int, str]:
+    """The size of the sm_90 binary and its resources; raises what Triton or ptxas raised."""
     import importlib
 
     module = importlib.import_module(f"minisgl_worker.kernels.{case.module}")
@@ -211,7 +270,7 @@ def compile_case(case: Case) -> int:
     if unknown:
         raise ValueError(f"{case.kernel} has no arguments {sorted(unknown)}")
     params = {p.name: p for p in fn.params}
-    signature, constexprs = {}, {}
+    signature, constexprs, attrs = {}, {}, {}
     for i, n in enumerate(names):
         if params[n].is_constexpr:  # given, or its default
             signature[n] = "constexpr"
@@ -222,19 +281,21 @@ def compile_case(case: Case) -> int:
             signature[n] = case.ptrs.get(n, "*bf16")
         else:
             signature[n] = case.scalars.get(n, "i32")
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        if n in case.divisible:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=case.options)
     if case.constexprs.get("USE_PDL") and "griddepcontrol.wait" not in out.asm["ptx"]:
         raise AssertionError(f"{case.kernel}: USE_PDL=True but no griddepcontrol.wait in its PTX")
-    return len(out.asm["cubin"])
+    return len(out.asm["cubin"]), resources(out.asm["cubin"])
 
 
 def main() -> int:
     failed = 0
     for case in CASES:
         try:
-            size = compile_case(case)
-            print(f"ok {case.name}: {size} bytes of sm_90 code")
+            size, use = compile_case(case)
+            print(f"ok {case.name}: {size} bytes of sm_90 code, {use}")
         except Exception:  # noqa: BLE001 (every failure is reported, then the exit code)
             failed += 1
             print(f"FAILED {case.name}")

@@ -61,6 +61,9 @@ or.b32 t, t, u;
 fma.rn.bf16x2 $3, t, $6, nz;
 }
 """
+# What the kernels read: a jit function may read no globals but constexprs (the compiler
+# refuses the rest; the interpreter does not check).
+_UPCAST = tl.constexpr(_UPCAST_ASM)
 
 
 @triton.jit
@@ -85,7 +88,7 @@ def _upcast(codes, scales, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl
         f = tl.broadcast_to(f[:, :, None], (BLOCK_N, BLOCK_K // 32, 16))
         f = tl.reshape(f, (BLOCK_N, BLOCK_K // 2))
         lo, hi = tl.inline_asm_elementwise(
-            _UPCAST_ASM, "=r,=r,=r,=r,r,r,r", [codes, f], dtype=(tl.bfloat16, tl.bfloat16),
+            _UPCAST, "=r,=r,=r,=r,r,r,r", [codes, f], dtype=(tl.bfloat16, tl.bfloat16),
             is_pure=True, pack=4)
     else:
         # 2^(s - 127) from its bits (exact; s = 0, 2^-127, reads as 0)
@@ -114,19 +117,25 @@ def _weights(w_ptrs, s_ptrs, k_left, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexp
 
 @triton.jit
 def _acts(a_ptrs, k_left, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr):
+    # if/else, not an early return: Triton's compiler still lowers what follows a `return` in
+    # a constexpr branch (the interpreter does not), so both paths must be well-formed apart.
     if EVEN_K:
-        return tl.load(a_ptrs)
-    k_ok = tl.arange(0, BLOCK_K) < k_left
-    return tl.load(a_ptrs, mask=k_ok[:, None] if SWAP_AB else k_ok[None, :], other=0.0)
+        a = tl.load(a_ptrs)
+    else:
+        k_ok = tl.arange(0, BLOCK_K) < k_left
+        a = tl.load(a_ptrs, mask=k_ok[:, None] if SWAP_AB else k_ok[None, :], other=0.0)
+    return a
 
 
 @triton.jit
 def _mma(acc, a, w, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr):
     """acc + a . w^T ([BLOCK_M, BLOCK_N]), or with SWAP_AB acc + w . a ([BLOCK_N, BLOCK_M]: the
     weight rows on the MMA's M side, from registers, for decode tiles of few pair rows)."""
-    if SWAP_AB:
-        return tl.dot(w, a, acc, input_precision=PRECISION)
-    return tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+    if SWAP_AB:  # if/else (see _acts): the other branch's shapes do not match
+        acc = tl.dot(w, a, acc, input_precision=PRECISION)
+    else:
+        acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+    return acc
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_tiles_m"])
