@@ -188,22 +188,26 @@ def sweep_candidates(m: int) -> list:  # noqa: ANN401
                 (128, 128, 4, 1, 4), (128, 64, 4, 1, 4), (64, 64, 2, 1, 8), (128, 128, 8, 1, 2),
                 (64, 128, 4, 1, 0), (32, 256, 4, 1, 8), (256, 64, 4, 1, 4), (64, 512, 8, 1, 4)]:
             cands.append(W4Config(True, 1, bn, bk, warps, stages, waves=waves))
+    # GEMM (w4a16_mma.py): (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, split-K waves, x_permuted).
+    # BLOCK_N is wgmma's M side (64 a warpgroup), BLOCK_M its N side; ~5 a bucket so that a sweep
+    # of 16..4096 rows compiles ~30 kernels and runs in about two minutes.
     if 2 <= m <= 32:
         bm = max(16, 1 << (m - 1).bit_length())
-        for bn, bk, warps, stages, waves in [(64, 128, 4, 4, 3), (32, 128, 4, 4, 4),
-                                             (64, 256, 4, 3, 3), (128, 128, 4, 3, 2),
-                                             (64, 64, 4, 4, 4)]:
-            cands.append(W4Config(False, bm, bn, bk, warps, stages, waves=waves))
-    if 32 < m <= 256:
-        for bm, bn, bk, warps, stages, waves in [
-                (64, 64, 128, 4, 4, 2), (64, 128, 64, 4, 4, 1), (64, 128, 128, 4, 3, 1),
-                (128, 128, 64, 8, 3, 0), (128, 64, 128, 4, 3, 1), (64, 64, 64, 4, 4, 2)]:
-            cands.append(W4Config(False, min(bm, max(16, m)), bn, bk, warps, stages, waves=waves))
-    if m > 256:
-        for bm, bn, bk, warps, stages in [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4),
-                                          (128, 128, 32, 8, 4), (128, 64, 64, 4, 4),
-                                          (64, 128, 64, 4, 4), (128, 256, 32, 8, 3)]:
-            cands.append(W4Config(False, bm, bn, bk, warps, stages))
+        grid = [(bm, 64, 128, 4, 4, 2, True), (bm, 128, 128, 4, 4, 2, True),
+                (bm, 64, 256, 4, 3, 2, True), (bm, 64, 128, 4, 4, 4, True),
+                (bm, 64, 128, 4, 4, 2, False)]
+    elif m <= 256:
+        grid = [(64, 128, 128, 4, 4, 1, True), (64, 128, 64, 4, 4, 1, True),
+                (128, 128, 64, 8, 4, 0, True), (128, 256, 64, 8, 3, 0, True),
+                (128, 128, 128, 8, 3, 0, True)]
+    else:
+        grid = [(128, 128, 64, 8, 4, 0, True), (128, 256, 64, 8, 3, 0, True),
+                (256, 128, 64, 8, 3, 0, True), (128, 128, 128, 8, 3, 0, True),
+                (64, 256, 64, 4, 4, 0, True)]
+    if m >= 2:
+        for bm, bn, bk, warps, stages, waves, xp in grid:
+            cands.append(W4Config(False, min(bm, max(16, 1 << (m - 1).bit_length())), bn, bk,
+                                  warps, stages, waves=waves, x_permuted=xp))
     return cands
 
 

@@ -38,6 +38,8 @@ class Case:
     # arguments the launcher would see as multiples of 16 (pointers: 16-byte aligned), as
     # Triton specializes them at run time: what lets loads vectorize and pipeline
     divisible: tuple[str, ...] = ()  # names the kernel lacks are ignored
+    aligned: tuple[str, ...] = ()  # arguments a launch specializes as multiples of 16 (pointers,
+    # strides): without it 2-byte loads look unaligned and cp.async pipelining is not exercised
 
     @property
     def name(self) -> str:
@@ -233,6 +235,23 @@ CASES = [
       for bm, bn, bk, warps, split, gidx in ((16, 64, 128, 4, 3, False),
                                              (128, 128, 64, 8, 1, False),
                                              (16, 64, 128, 4, 1, True))),
+    # The dense GEMM (w4a16_mma.py): decode tile with split-K and reordered x, prefill tiles,
+    # the in-kernel gather (act-order perm), gidx, fp16.
+    *(Case("w4a16_mma", "w4_mma_kernel",
+           {"G": g, "HAS_ZEROS": z, "HAS_PERM": gather, "HAS_GIDX": gidx,
+            "X_PERMUTED": not gather, "EVEN_K": True, "EVEN_N": True, "BLOCK_M": bm,
+            "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split, **_PDL},
+           {**_W4_PTRS, "q_ptr": "*i16", **({"x_ptr": "*fp16", "s_ptr": "*fp16", "z_ptr": "*fp16",
+                                            "out_ptr": "*fp16"} if fp16 else {})}, {},
+           {"num_warps": warps, "num_stages": stages},
+           aligned=("N", "K", "stride_x", "stride_q", "stride_s", "stride_o"))
+      for g, z, bm, bn, bk, warps, stages, split, gather, gidx, fp16 in (
+          (128, True, 16, 64, 128, 4, 4, True, False, False, False),
+          (128, False, 64, 128, 128, 4, 4, False, False, False, False),
+          (128, True, 128, 128, 64, 8, 4, False, False, False, False),
+          (128, False, 128, 256, 64, 8, 3, False, False, False, False),
+          (32, True, 16, 64, 128, 4, 4, False, True, False, True),
+          (128, True, 16, 64, 128, 4, 3, False, True, True, False))),
     *(Case("moe_w4a16_kernels", "moe_w4_kernel",
            {"G": 128, "HAS_ZEROS": not up, "A_DIV": 8 if up else 1, "GATE_UP": up,
             "EVEN_K": True, "EVEN_N": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128,
@@ -281,7 +300,7 @@ def compile_case(case: Case) -> tuple[int, str]:
             signature[n] = case.ptrs.get(n, "*bf16")
         else:
             signature[n] = case.scalars.get(n, "i32")
-        if n in case.divisible:
+        if n in case.divisible or n in case.aligned or (case.aligned and n.endswith("_ptr")):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=case.options)

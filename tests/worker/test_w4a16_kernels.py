@@ -51,8 +51,9 @@ for _mod in (w4a16_kernels, moe_w4a16_kernels, fused_moe_kernels, moe_ops):
 GEMV = W4Config(True, 1, 16, 64, waves=4)  # split-K: 4 splits of K=256
 GEMV4 = W4Config(True, 1, 32, 32, waves=0)  # no split, one K step; 3 rows
 GEMM = W4Config(False, 16, 16, 64, waves=4, group_m=2)  # split-K, grouped tile order
-GEMM32 = W4Config(False, 32, 32, 128)
-PATHS = {"gemv": GEMV, "gemv4": GEMV4, "gemm": GEMM, "gemm32": GEMM32}
+GEMM32 = W4Config(False, 32, 32, 128)  # x' reordered by the wrapper (x_permuted)
+GATHER = W4Config(False, 16, 32, 64, waves=2, x_permuted=False)  # x's columns gathered in-kernel
+PATHS = {"gemv": GEMV, "gemv4": GEMV4, "gemm": GEMM, "gemm32": GEMM32, "gather": GATHER}
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

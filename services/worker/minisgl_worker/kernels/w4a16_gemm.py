@@ -6,8 +6,10 @@
   scale (and zero) row per group per tile, fp32 accumulation, and split-K so that a 4,096-column
   product still has a few programs per SM (splits reduced in-kernel, see w4a16_kernels.py). The
   programs of a strip's rows run side by side: one HBM read, the others from L2.
-- GEMM (tl.dot): each K step dequantizes a [BLOCK_K, BLOCK_N] tile with its group scale applied
-  and feeds the tensor cores; prefill and batched decode.
+- GEMM (tl.dot, w4a16_mma.py): the weight tile dequantized in the registers the tensor cores
+  read it from, computed transposed (W_tile @ x_tile.T) so that 16-row decode batches fit
+  wgmma; x's columns reordered once a call to match the packing (x_permuted); prefill and
+  batched decode. (w4a16_kernels.w4_gemm_kernel, 4-17x slower than bf16, is MoE's helper code.)
 
 Act-order (perm): the GEMV and small GEMMs gather x's columns inside the kernel (x is tiny);
 from PERM_GATHER_MAX_M rows x is permuted once with index_select (a gather per tile element
@@ -25,7 +27,7 @@ buffer; we keep one GPTQ-style layout and CUDA-graph-safe, deterministic reducti
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -44,18 +46,20 @@ class W4Config:
     waves: float = 0.0  # split K until there are ~waves * SMs programs (0: never split)
     max_split: int = 16
     group_m: int = 8  # GEMM: row tiles run back to back per column tile
+    x_permuted: bool = True  # GEMM: reorder x's columns once (else gather them in the kernel)
 
 
 # (max rows, config): first match wins. Guesses for an H200 (132 SMs, 4.8 TB/s) pending a sweep
-# (tests/gpu/test_w4a16.py --sweep prints a replacement table). Register use from ptxas (sm_90a):
-# the GEMV 64x128 takes 56 registers; GEMM 128x128x64 on 8 warps 187; 128x256 spills.
+# (tests/gpu/test_w4a16.py --sweep prints a replacement table). GEMM tiles are BLOCK_N weight
+# columns (wgmma's M side: 64 a warpgroup) by BLOCK_M rows (its N side: 8..256). Register use
+# from ptxas (sm_90a, bf16): the GEMV 64x128 takes 56; the GEMM 64x128x128 on 4 warps 189.
 CONFIGS: list[tuple[int, W4Config]] = [
     (2, W4Config(True, 1, 64, 128, 4, 1, waves=4)),  # stages unused: prefetched by hand
-    (16, W4Config(False, 16, 64, 128, 4, 4, waves=3)),
-    (32, W4Config(False, 32, 64, 128, 4, 4, waves=3)),
-    (64, W4Config(False, 64, 64, 128, 4, 4, waves=2)),
-    (128, W4Config(False, 64, 128, 64, 4, 4, waves=1)),
-    (1 << 62, W4Config(False, 128, 128, 64, 8, 3)),
+    (16, W4Config(False, 16, 64, 128, 4, 4, waves=2)),
+    (32, W4Config(False, 32, 64, 128, 4, 4, waves=2)),
+    (64, W4Config(False, 64, 128, 128, 4, 4, waves=1.5)),
+    (256, W4Config(False, 128, 128, 64, 8, 4)),
+    (1 << 62, W4Config(False, 128, 256, 64, 8, 3)),
 ]
 PERM_GATHER_MAX_M = 64
 _COUNTERS = 1 << 16  # split-K tile counters a device (self-resetting, see w4a16_kernels.py)
@@ -118,8 +122,6 @@ def _check(x: torch.Tensor, w: W4Weight) -> None:
 def w4a16_linear(x: torch.Tensor, w: W4Weight, config: W4Config | None = None) -> torch.Tensor:
     """x [M, K] (bf16/fp16; fp32 for tests) @ W.T -> [M, N] in x's dtype. CUDA tensors, or CPU
     tensors under TRITON_INTERPRET=1."""
-    from . import w4a16_kernels as kern
-
     _check(x, w)
     m, k = x.shape
     n = w.out_features
@@ -128,34 +130,93 @@ def w4a16_linear(x: torch.Tensor, w: W4Weight, config: W4Config | None = None) -
         return out
     cfg = config or config_for(m)
     if w.gidx is not None and cfg.gemv:
-        cfg = replace(config_for(16), block_m=16)  # per-row groups: the GEMM's gather path
+        cfg = W4Config(False, 16, 64, 128, waves=2)  # per-row groups: the GEMM's path
+    if cfg.gemv:
+        return _gemv(x, w, cfg, out)
+    return _gemm(x, w, cfg, out)
+
+
+def _gemv(x: torch.Tensor, w: W4Weight, cfg: W4Config, out: torch.Tensor) -> torch.Tensor:
+    from . import w4a16_kernels as kern
+
+    m, k = x.shape
+    n = w.out_features
     perm = w.perm
     if perm is not None and m > PERM_GATHER_MAX_M:
         x, perm = x.index_select(1, perm.to(torch.int64)), None
     if x.stride(-1) != 1:
         x = x.contiguous()
-    tiles_m = m if cfg.gemv else _cdiv(m, cfg.block_m)
     tiles_n = _cdiv(n, cfg.block_n)
-    splits, k_per_split = split_plan(tiles_m * tiles_n, k, cfg, x.device)
+    splits, k_per_split = split_plan(m * tiles_n, k, cfg, x.device)
     ws = (torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1
           else out)
     cnt = _counters(x.device) if splits > 1 else w.qweight
     zeros = w.zeros if w.zeros is not None else w.scales
     perm_t = perm if perm is not None else w.qweight
-    common = dict(G=w.group_size, HAS_ZEROS=w.zeros is not None, HAS_PERM=perm is not None,
-                  EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
-                  BLOCK_M=1 if cfg.gemv else cfg.block_m, BLOCK_N=cfg.block_n,
-                  BLOCK_K=cfg.block_k, SPLIT_K=splits > 1, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages, **pdl.options(x))
-    if cfg.gemv:
-        kern.w4_gemv_kernel[(m, tiles_n, splits)](
-            x, w.qweight, w.scales, zeros, perm_t, out, ws, cnt, m, n, k, k_per_split, splits,
-            x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), **common)
-    else:
-        gidx = w.gidx if w.gidx is not None else w.qweight
-        kern.w4_gemm_kernel[(tiles_m * tiles_n, splits)](
-            x, w.qweight, w.scales, zeros, perm_t, gidx, out, ws, cnt, m, n, k, k_per_split,
-            splits,            x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
-            HAS_GIDX=w.gidx is not None, GROUP_M=cfg.group_m,
-            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **common)
+    kern.w4_gemv_kernel[(m, tiles_n, splits)](
+        x, w.qweight, w.scales, zeros, perm_t, out, ws, cnt, m, n, k, k_per_split, splits,
+        x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
+        G=w.group_size, HAS_ZEROS=w.zeros is not None, HAS_PERM=perm is not None,
+        EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0, BLOCK_M=1,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=splits > 1,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.options(x))
+    return out
+
+
+_x_orders: dict[tuple, torch.Tensor] = {}
+
+
+def x_order(k: int, block_k: int, perm: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """int64 [cdiv(K, BLOCK_K) * BLOCK_K]: the x column behind each column of x' (see
+    w4a16_mma.py): position k0 + t * BLOCK_K // 4 + c holds canonical row k0 + 4c + t, i.e. input
+    feature perm[row]; rows past K point at column K (a zero column the caller appends).
+    Cached per weight layout: built on the first call (before CUDA-graph capture)."""
+    key = (k, block_k, device, None if perm is None else perm.data_ptr())
+    idx = _x_orders.get(key)
+    if idx is None:
+        steps = _cdiv(k, block_k)
+        c4 = block_k // 4
+        pos = torch.arange(steps * block_k, device=device)
+        blk, rem = pos // block_k, pos % block_k
+        row = blk * block_k + 4 * (rem % c4) + rem // c4
+        feat = row.clamp(max=k - 1)
+        if perm is not None:
+            feat = perm.to(device=device, dtype=torch.int64)[feat]
+        idx = _x_orders[key] = torch.where(row < k, feat, torch.full_like(feat, k))
+    return idx
+
+
+def _gemm(x: torch.Tensor, w: W4Weight, cfg: W4Config, out: torch.Tensor) -> torch.Tensor:
+    from .w4a16_mma import w4_mma_kernel
+
+    if cfg.block_k < 64 or cfg.block_k % 64:
+        raise ValueError(f"the W4A16 GEMM needs BLOCK_K a multiple of 64, got {cfg.block_k}")
+    m, k = x.shape
+    n = w.out_features
+    perm = w.perm
+    if cfg.x_permuted:
+        if k % cfg.block_k:
+            x = torch.nn.functional.pad(x, (0, 1))
+        x, perm = x.index_select(1, x_order(k, cfg.block_k, perm, x.device)), None
+    elif perm is not None and m > PERM_GATHER_MAX_M:
+        x, perm = x.index_select(1, perm.to(torch.int64)), None
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    tiles_m, tiles_n = _cdiv(m, cfg.block_m), _cdiv(n, cfg.block_n)
+    splits, k_per_split = split_plan(tiles_m * tiles_n, k, cfg, x.device)
+    ws = (torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1
+          else out)
+    cnt = _counters(x.device) if splits > 1 else w.qweight
+    zeros = w.zeros if w.zeros is not None else w.scales
+    q16 = w.qweight.view(torch.int16)  # [K // 8, 2N]: the kernel reads halfwords
+    w4_mma_kernel[(tiles_m * tiles_n, splits)](
+        x, q16, w.scales, zeros, perm if perm is not None else w.qweight,
+        w.gidx if w.gidx is not None else w.qweight, out, ws, cnt, m, n, k, k_per_split,
+        splits, x.stride(0), q16.stride(0), w.scales.stride(0), out.stride(0),
+        G=w.group_size, HAS_ZEROS=w.zeros is not None, HAS_PERM=perm is not None,
+        HAS_GIDX=w.gidx is not None, X_PERMUTED=cfg.x_permuted, EVEN_K=k % cfg.block_k == 0,
+        EVEN_N=n % cfg.block_n == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=splits > 1,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl.options(x))
     return out
