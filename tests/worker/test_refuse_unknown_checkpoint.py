@@ -50,11 +50,11 @@ def _llm_error(model: Path) -> str:
 @pytest.mark.parametrize("qc, named", [
     ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 64]},
      "weight_block_size=[64, 64]"),
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized"},
-     "format='pack-quantized'"),
-    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "quant_method='awq'"),
-    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False},
-     "quant_method='gptq'"),
+    ({"quant_method": "compressed-tensors", "format": "naive-quantized"},
+     "format='naive-quantized'"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "version='gemv'"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128, "desc_act": False}, "bits=3"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method='bitsandbytes'"),
 ])
 def test_quantization_config_is_refused(tmp_path: Path, qc: dict, named: str) -> None:
     msg = _llm_error(_with_quantization(tmp_path / "m", qc))
@@ -91,11 +91,11 @@ def test_unmatched_checkpoint_tensor_is_refused(tmp_path: Path) -> None:
 
 
 def test_worker_process_exits_with_one_line(tmp_path: Path) -> None:
-    model = _with_quantization(tmp_path / "m", {"quant_method": "gptq", "bits": 4})
+    model = _with_quantization(tmp_path / "m", {"quant_method": "hqq", "bits": 4})
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINISGL_WORKER")}
     out = subprocess.run(
         [sys.executable, "-m", "minisgl_worker", "--model", str(model), "--port", "0",
          "--metrics-port", "0"], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stdout + out.stderr
     text = out.stdout + out.stderr
-    assert "quant_method='gptq' is not supported" in text and "Traceback" not in text, text
+    assert "quant_method='hqq' is not supported" in text and "Traceback" not in text, text

@@ -49,17 +49,18 @@ class W4Config:
     x_permuted: bool = True  # GEMM: reorder x's columns once (else gather them in the kernel)
 
 
-# (max rows, config): first match wins. Guesses for an H200 (132 SMs, 4.8 TB/s) pending a sweep
-# (tests/gpu/test_w4a16.py --sweep prints a replacement table). GEMM tiles are BLOCK_N weight
+# (max rows, config): first match wins (tests/gpu/test_w4a16.py --sweep prints a replacement
+# table). GEMM tiles are BLOCK_N weight
 # columns (wgmma's M side: 64 a warpgroup) by BLOCK_M rows (its N side: 8..256). Register use
 # from ptxas (sm_90a, bf16): the GEMV 64x128 takes 56; the GEMM 64x128x128 on 4 warps 189.
 CONFIGS: list[tuple[int, W4Config]] = [
-    (2, W4Config(True, 1, 64, 128, 4, 1, waves=4)),  # stages unused: prefetched by hand
+    # H200 sweeps (tests/gpu/test_w4a16.py --sweep, Qwen3-8B's four projections a layer):
+    # M=1 78 us (GEMV, 1.23x the first guess), 16: 154, 64: 202, 256: 450, 1024: 1187,
+    # 4096: 4309 us a layer (bf16 cuBLAS: 109, 109, 111, 153, 495, 1945 us)
+    (2, W4Config(True, 1, 32, 256, 4, 1, waves=8)),  # stages unused: prefetched by hand
     (16, W4Config(False, 16, 64, 128, 4, 4, waves=2)),
-    (32, W4Config(False, 32, 64, 128, 4, 4, waves=2)),
-    (64, W4Config(False, 64, 128, 128, 4, 4, waves=1.5)),
-    (256, W4Config(False, 128, 128, 64, 8, 4)),
-    (1 << 62, W4Config(False, 128, 256, 64, 8, 3)),
+    (256, W4Config(False, 64, 128, 64, 4, 4, waves=1)),
+    (1 << 62, W4Config(False, 128, 128, 64, 8, 4)),
 ]
 PERM_GATHER_MAX_M = 64
 _COUNTERS = 1 << 16  # split-K tile counters a device (self-resetting, see w4a16_kernels.py)
