@@ -18,6 +18,25 @@ from pathlib import Path
 MXFP4_BYTES = 17 / 32  # bytes a weight of MXFP4: a 4-bit element, a byte of scale per 32
 
 
+def prequantized_bytes(qc: dict) -> tuple[float, bool] | None:
+    """(bytes a weight of the projections and experts, runs on fp8/int8 tensor cores) of a
+    pre-quantized checkpoint's quantization_config; None for none (or MXFP4: experts only)."""
+    method = qc.get("quant_method")
+    if method == "fp8" or (method == "compressed-tensors"
+                           and qc.get("format") in ("float-quantized", "int-quantized")):
+        return 1.0, True  # block scales add 4 bytes a 128x128 block: ignored
+    if method in ("awq", "gptq") or (method == "compressed-tensors"
+                                     and qc.get("format") == "pack-quantized"):
+        group = qc.get("group_size") or qc.get("q_group_size") or 128
+        if method == "compressed-tensors":
+            weights = next(iter(qc.get("config_groups", {}).values()), {}).get("weights", {})
+            group = weights.get("group_size") or 128
+        group = group if group > 0 else 4096  # per channel: one scale a column
+        zeros = method == "awq" or not qc.get("sym", True)
+        return 0.5 + (2 + (2 if zeros else 0)) / group, False  # scales (and zeros) per group
+    return None
+
+
 @dataclass
 class ModelShape:
     num_layers: int
@@ -76,7 +95,13 @@ class ModelShape:
         cfg = json.loads((Path(path) / "config.json").read_text())
         cfg = cfg.get("text_config") or cfg  # Gemma 3 multimodal checkpoints: the text model
         # gpt-oss's MXFP4 checkpoints: experts in FP4 with an e8m0 scale a 32 (4.25 bits)
-        mxfp4 = (cfg.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+        qc = cfg.get("quantization_config") or {}
+        mxfp4 = qc.get("quant_method") == "mxfp4"
+        # other pre-quantized checkpoints: projections and experts at their format's bytes
+        pre = prequantized_bytes(qc)
+        q_bytes = pre[0] if pre else 1.0 if fp8_weights else float(dtype_bytes)
+        fp8_weights = fp8_weights or pre is not None
+        fast_mma = pre[1] if pre else fp8_weights
         h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
         heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads",
                                                                 cfg["num_attention_heads"])
@@ -104,8 +129,7 @@ class ModelShape:
             shared = 3 * h * inter * (cfg.get("n_shared_experts") or 0)
             dense = cfg.get("first_k_dense_replace", 0)  # DeepSeek: dense MLPs first
             mlp_active = 3 * h * inter * k + h * num_experts + shared
-            expert_elem_bytes = (MXFP4_BYTES if mxfp4 else 1 if fp8_weights
-                                 else dtype_bytes)
+            expert_elem_bytes = MXFP4_BYTES if mxfp4 else q_bytes
             moe = dict(num_experts=num_experts, experts_per_tok=k,
                        expert_bytes=int((layers - dense) * 3 * h * inter * expert_elem_bytes)
                        // tp_size)
@@ -117,7 +141,7 @@ class ModelShape:
         embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
         active = layers * attn + mlp_total + embed
         fp8 = layers * attn + fp8_mlp_total if fp8_weights else 0  # the router stays
-        weight_bytes = (active - fp8) * dtype_bytes + fp8
+        weight_bytes = int((active - fp8) * dtype_bytes + fp8 * q_bytes)
         if mxfp4 and num_experts:  # the routed experts at 4.25 bits a weight, the rest bf16
             packed = (layers - dense) * experts_active
             weight_bytes = int((active - packed) * dtype_bytes + packed * MXFP4_BYTES)
@@ -125,7 +149,8 @@ class ModelShape:
         return cls(num_layers=layers, num_kv_heads=max(1, kv_heads // tp_size) if not latent
                    else 1, head_dim=head_dim, weight_bytes=weight_bytes // tp_size,
                    active_params=active // tp_size, dtype_bytes=dtype_bytes,
-                   kv_dtype_bytes=kv_dtype_bytes, fp8_param_share=fp8 / active,
+                   kv_dtype_bytes=kv_dtype_bytes,
+                   fp8_param_share=fp8 / active if fast_mma else 0.0,
                    window_layers=window_layers, window=window, latent_dim=latent, **moe)
 
 
