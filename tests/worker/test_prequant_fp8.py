@@ -287,3 +287,19 @@ def test_another_formats_moe_is_refused(tiny_model, tmp_path: Path) -> None:  # 
         _engine(dst)
     msg = str(err.value)
     assert "gate_up_proj" in msg and "\n" not in msg, msg
+
+
+def test_start_up_memory_line_names_each_format() -> None:
+    """The weight bytes by format (the loader's start-up line) name what the bytes hold."""
+    from torch import nn
+
+    m = nn.Module()
+    for name, dtype in (("w13", torch.uint8), ("w13_scale", torch.uint8),
+                        ("proj", torch.float8_e4m3fn), ("weight_scale_inv", torch.float32),
+                        ("embed", torch.bfloat16), ("rows", torch.int8)):
+        m.register_parameter(name, nn.Parameter(torch.zeros(1024, 256, dtype=dtype),
+                                                requires_grad=False))
+    line = prequant_load.bytes_by_format(m)
+    for kind in ("mxfp4 weights", "mxfp4 scales (e8m0)", "fp8 e4m3", "quantization scales",
+                 "bfloat16", "int8"):
+        assert kind in line, line

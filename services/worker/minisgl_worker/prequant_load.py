@@ -264,6 +264,17 @@ def finalize(model: nn.Module, keep_fp8: bool, dtype: torch.dtype) -> int:
     return count
 
 
+def _byte_kind(name: str, t: torch.Tensor) -> str:
+    """The start-up memory line's name for a parameter: its format (the storage dtype, or what
+    the bytes hold where the dtype does not say it)."""
+    scale = name.rsplit(".", 1)[-1].endswith(("scale", "scale_inv", "scales"))
+    if t.dtype == torch.uint8:  # gpt-oss's MXFP4 experts (quant_load/mxfp4.py)
+        return "mxfp4 scales (e8m0)" if scale else "mxfp4 weights"
+    if scale:
+        return "quantization scales"
+    return str(t.dtype).replace("torch.", "").replace("float8_e4m3fn", "fp8 e4m3")
+
+
 def bytes_by_format(model: nn.Module) -> str:
     """The resident weight bytes per storage format, scales apart: for the start-up log."""
     sizes: dict[str, int] = {}
@@ -272,8 +283,7 @@ def bytes_by_format(model: nn.Module) -> str:
         if id(t) in seen or t.device.type == "meta":
             continue
         seen.add(id(t))
-        kind = w4.byte_kind(name) or (
-            "fp8 scales" if name.endswith("scale") else str(t.dtype).replace("torch.", ""))
+        kind = w4.byte_kind(name) or _byte_kind(name, t)
         sizes[kind] = sizes.get(kind, 0) + t.numel() * t.element_size()
     return ", ".join(f"{v / 2**20:.1f} MiB {k}" for k, v in sorted(sizes.items(),
                                                                     key=lambda kv: -kv[1]))
