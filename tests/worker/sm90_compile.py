@@ -325,6 +325,11 @@ def compile_case(case: Case) -> tuple[int, str]:
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=case.options)
     if case.constexprs.get("USE_PDL") and "griddepcontrol.wait" not in out.asm["ptx"]:
         raise AssertionError(f"{case.kernel}: USE_PDL=True but no griddepcontrol.wait in its PTX")
+    if case.constexprs.get("ASM") and case.module == "w4a16_mma":  # the packed dequantization
+        ftype = "f16" if case.ptrs.get("x_ptr") == "*fp16" else "bf16"
+        for op in ("lop3.b32", f"fma.rn.{ftype}x2"):
+            if op not in out.asm["ptx"]:
+                raise AssertionError(f"{case.kernel}: ASM=True but no {op} in its PTX")
     return len(out.asm["cubin"]), resources(out.asm["cubin"])
 
 
