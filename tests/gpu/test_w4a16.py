@@ -137,6 +137,7 @@ def check_dense(rows: tuple[int, ...], timing: bool) -> tuple[list[dict], list[s
                 results.append(row)
             del copies, dense
     failures += check_act_order(gen)
+    failures += check_packed(gen)
     return results, failures
 
 
@@ -178,6 +179,51 @@ def check_act_order(gen: torch.Generator) -> list[str]:
     return failures
 
 
+def packed_configs(m: int) -> list:  # noqa: ANN401
+    """W4Config.packed_dequant variants (w4a16_packed.py's PTX) for an M: the decode tile
+    (BLOCK_M 16, split-K) with x reordered and gathered, and a prefill tile."""
+    from minisgl_worker.kernels.w4a16_gemm import W4Config
+
+    if m <= 16:
+        return [W4Config(False, 16, 64, 128, 4, 4, waves=2, packed_dequant=True),
+                W4Config(False, 16, 128, 256, 4, 3, waves=2, x_permuted=False,
+                         packed_dequant=True)]
+    return [W4Config(False, 64, 128, 128, 4, 4, waves=1, packed_dequant=True),
+            W4Config(False, 128, 128, 64, 8, 4, packed_dequant=True)]
+
+
+def check_packed(gen: torch.Generator) -> list[str]:
+    """The packed dequantization on the GPU (its PTX runs nowhere else): bf16 and fp16, sym
+    (o) and asym (qkv), decode and prefill tiles, act-order perm and gidx; graph replay."""
+    from minisgl_worker.kernels.w4a16_gemm import w4a16_linear
+    from minisgl_worker.quant.w4a16 import quantize, reference_linear
+
+    failures = []
+    k = 4096
+    perm = torch.randperm(k, device="cuda", generator=gen).to(torch.int32)
+    base = {"qkv": make_dense(6144, k, False, gen)[0], "o": make_dense(4096, k, True, gen)[0],
+            "perm": quantize(torch.randn(4096, k, device="cuda", generator=gen) * 0.02, GROUP,
+                             False, perm)}
+    base["gidx"] = replace(base["perm"],
+                           gidx=(torch.arange(k, device="cuda") // GROUP).to(torch.int32))
+    for dtype in (torch.bfloat16, torch.float16):
+        for label, w32 in base.items():
+            w = as_dtype(w32, dtype)
+            for m in (1, 5, 16, 64, 300):
+                x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+                ref = reference_linear(x.float(), w).float()
+                for cfg in packed_configs(m):
+                    out = w4a16_linear(x, w, cfg)
+                    err = max_err(out, ref)
+                    ok = err < TOL and graph_equal(lambda x=x, w=w, c=cfg: w4a16_linear(x, w, c),
+                                                   out)
+                    if not ok:
+                        print(f"packed {label} {dtype} M={m} {cfg}: err {err:.1e}  FAIL")
+                        failures.append(f"packed {label} m={m} {dtype}")
+    print("packed dequantization: " + ("OK" if not failures else f"{len(failures)} FAILED"))
+    return failures
+
+
 def sweep_candidates(m: int) -> list:  # noqa: ANN401
     from minisgl_worker.kernels.w4a16_gemm import W4Config
 
@@ -206,13 +252,22 @@ def sweep_candidates(m: int) -> list:  # noqa: ANN401
                 (64, 256, 64, 4, 4, 0, True)]
     if m >= 2:
         for bm, bn, bk, warps, stages, waves, xp in grid:
-            cands.append(W4Config(False, min(bm, max(16, 1 << (m - 1).bit_length())), bn, bk,
-                                  warps, stages, waves=waves, x_permuted=xp))
+            for packed in (False, True):
+                cands.append(W4Config(False, min(bm, max(16, 1 << (m - 1).bit_length())), bn,
+                                      bk, warps, stages, waves=waves, x_permuted=xp,
+                                      packed_dequant=packed))
+    if m <= 4:  # the packed GEMM as the decode kernel (Marlin's way: rows padded to 16)
+        for bn, bk, warps, stages, waves, xp in [
+                (64, 128, 4, 4, 2, True), (64, 128, 4, 4, 4, False), (128, 128, 4, 4, 2, False),
+                (64, 256, 4, 3, 4, False), (128, 256, 4, 3, 2, False), (64, 128, 4, 4, 8, False)]:
+            cands.append(W4Config(False, 16, bn, bk, warps, stages, waves=waves, x_permuted=xp,
+                                  packed_dequant=True))
     return cands
 
 
 def sweep_dense(rows: tuple[int, ...]) -> list[dict]:
     from minisgl_worker.kernels.w4a16_gemm import config_for, w4a16_linear
+    from minisgl_worker.quant.w4a16 import reference_linear
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     ws = {name: as_dtype(make_dense(n, k, name in ("qkv", "down"), gen)[0], torch.bfloat16)
@@ -225,8 +280,13 @@ def sweep_dense(rows: tuple[int, ...]) -> list[dict]:
               for name, (_, k) in SHAPES.items()}
 
         reps = 20 if m <= 256 else 4
+        refs = {nm: reference_linear(xs[nm].float(), ws[nm]).float() for nm in SHAPES}
 
-        def layer_us(cfg, xs=xs, reps=reps) -> float:  # noqa: ANN001
+        def layer_us(cfg, xs=xs, reps=reps, refs=refs) -> float:  # noqa: ANN001
+            for nm in SHAPES:  # a candidate that computes wrong is no candidate
+                err = max_err(w4a16_linear(xs[nm], ws[nm], cfg), refs[nm])
+                if err >= TOL:
+                    raise ValueError(f"{nm}: error {err:.1e}")
             return sum(graph_us([lambda x=xs[nm], c=c: w4a16_linear(x, c, cfg)
                                  for c in copies[nm]], reps) for nm in SHAPES)
 
@@ -235,12 +295,17 @@ def sweep_dense(rows: tuple[int, ...]) -> list[dict]:
         for cfg in sweep_candidates(m):
             try:
                 timed.append((layer_us(cfg), cfg))
-            except Exception as exc:  # e.g. out of shared memory
-                print(f"  skip {cfg}: {type(exc).__name__}")
+            except Exception as exc:  # e.g. out of shared memory, or wrong (then say so)
+                print(f"  skip {cfg}: {type(exc).__name__}"
+                      + (f" {exc}  FAIL" if isinstance(exc, ValueError) else ""))
         timed.sort(key=lambda t: t[0])
         print(f"M={m}: default {default:.1f} us a layer (4 projections)")
         for us, cfg in timed[:3]:
             print(f"    {us:.1f} us ({default / us:.2f}x)  {cfg}")
+        for packed in (False, True):  # the packed dequantization against the current kernels
+            best = next(((us, c) for us, c in timed if c.packed_dequant == packed), None)
+            if best:
+                print(f"    best {'packed' if packed else 'plain'}: {best[0]:.1f} us  {best[1]}")
         if timed:
             table.append(dict(m=m, default_us=default, best_us=timed[0][0],
                               best=repr(timed[0][1] if timed[0][0] < default else config_for(m))))

@@ -252,6 +252,25 @@ CASES = [
           (128, False, 128, 256, 64, 8, 3, False, False, False, False),
           (32, True, 16, 64, 128, 4, 4, False, True, False, True),
           (128, True, 16, 64, 128, 4, 3, False, True, True, False))),
+    # ... with the packed dequantization's inline PTX (w4a16_packed.py): decode tile with
+    # split-K (also M=1's candidate), prefill tiles, the gather, gidx, fp16.
+    *(Case("w4a16_mma", "w4_mma_kernel",
+           {"G": g, "HAS_ZEROS": z, "HAS_PERM": gather, "HAS_GIDX": gidx,
+            "X_PERMUTED": not gather, "EVEN_K": True, "EVEN_N": True, "BLOCK_M": bm,
+            "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split, "PACKED": True,
+            "ASM": True, **_PDL},
+           {**_W4_PTRS, "q_ptr": "*i16", **({"x_ptr": "*fp16", "s_ptr": "*fp16", "z_ptr": "*fp16",
+                                            "out_ptr": "*fp16"} if fp16 else {})}, {},
+           {"num_warps": warps, "num_stages": stages},
+           aligned=("N", "K", "stride_x", "stride_q", "stride_s", "stride_o"))
+      for g, z, bm, bn, bk, warps, stages, split, gather, gidx, fp16 in (
+          (128, True, 16, 64, 128, 4, 4, True, False, False, False),
+          (128, False, 16, 128, 256, 4, 3, True, True, False, False),
+          (128, False, 64, 128, 128, 4, 4, False, False, False, False),
+          (128, True, 128, 128, 64, 8, 4, False, False, False, False),
+          (128, False, 128, 256, 64, 8, 3, False, False, False, False),
+          (32, True, 16, 64, 128, 4, 4, False, True, False, True),
+          (128, True, 16, 64, 128, 4, 3, False, True, True, False))),
     *(Case("moe_w4a16_kernels", "moe_w4_kernel",
            {"G": 128, "HAS_ZEROS": not up, "A_DIV": 8 if up else 1, "GATE_UP": up,
             "EVEN_K": True, "EVEN_N": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128,
@@ -306,6 +325,11 @@ def compile_case(case: Case) -> tuple[int, str]:
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=case.options)
     if case.constexprs.get("USE_PDL") and "griddepcontrol.wait" not in out.asm["ptx"]:
         raise AssertionError(f"{case.kernel}: USE_PDL=True but no griddepcontrol.wait in its PTX")
+    if case.constexprs.get("ASM") and case.module == "w4a16_mma":  # the packed dequantization
+        ftype = "f16" if case.ptrs.get("x_ptr") == "*fp16" else "bf16"
+        for op in ("lop3.b32", f"fma.rn.{ftype}x2"):
+            if op not in out.asm["ptx"]:
+                raise AssertionError(f"{case.kernel}: ASM=True but no {op} in its PTX")
     return len(out.asm["cubin"]), resources(out.asm["cubin"])
 
 

@@ -23,6 +23,8 @@ from minisgl_worker.kernels import (  # noqa: E402
     moe_w4a16_kernels,
     w4a16_gemm,
     w4a16_kernels,
+    w4a16_mma,
+    w4a16_packed,
 )
 from minisgl_worker.kernels.fused_moe import GemmTile, MoeConfig, route  # noqa: E402
 from minisgl_worker.kernels.moe_w4a16 import (  # noqa: E402
@@ -47,13 +49,21 @@ for _mod in (w4a16_kernels, moe_w4a16_kernels, fused_moe_kernels, moe_ops):
     if type(getattr(_mod, next(n for n in dir(_mod) if n.endswith("_kernel")))).__name__ \
             != "InterpretedFunction":
         importlib.reload(_mod)  # imported earlier in this process without the interpreter
+if type(w4a16_packed.dequant4).__name__ != "InterpretedFunction":
+    importlib.reload(w4a16_packed)
+    importlib.reload(w4a16_mma)
 
 GEMV = W4Config(True, 1, 16, 64, waves=4)  # split-K: 4 splits of K=256
 GEMV4 = W4Config(True, 1, 32, 32, waves=0)  # no split, one K step; 3 rows
 GEMM = W4Config(False, 16, 16, 64, waves=4, group_m=2)  # split-K, grouped tile order
 GEMM32 = W4Config(False, 32, 32, 128)  # x' reordered by the wrapper (x_permuted)
 GATHER = W4Config(False, 16, 32, 64, waves=2, x_permuted=False)  # x's columns gathered in-kernel
-PATHS = {"gemv": GEMV, "gemv4": GEMV4, "gemm": GEMM, "gemm32": GEMM32, "gather": GATHER}
+# the packed dequantization (w4a16_packed.py; its Triton-arithmetic form here, no PTX)
+PACKED = W4Config(False, 16, 16, 64, waves=4, group_m=2, packed_dequant=True)
+PACKED32 = W4Config(False, 32, 32, 128, packed_dequant=True)
+PACKED_GATHER = W4Config(False, 16, 32, 64, waves=2, x_permuted=False, packed_dequant=True)
+PATHS = {"gemv": GEMV, "gemv4": GEMV4, "gemm": GEMM, "gemm32": GEMM32, "gather": GATHER,
+         "packed": PACKED, "packed32": PACKED32, "packed_gather": PACKED_GATHER}
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -152,8 +162,9 @@ def test_act_order_perm_many_rows_index_select() -> None:
     check(torch.randn(w4a16_gemm.PERM_GATHER_MAX_M + 3, 64), w, GEMM32)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize("m", [1, 5, 40])
-def test_gidx_rows_of_a_row_parallel_shard(m: int) -> None:
+def test_gidx_rows_of_a_row_parallel_shard(m: int, packed: bool) -> None:
     """Act-order rows of a TP shard: any group per canonical row, fewer rows than groups * G;
     M=1 with the GEMV config must reroute to the GEMM's gather path."""
     g = torch.Generator().manual_seed(8)
@@ -163,7 +174,7 @@ def test_gidx_rows_of_a_row_parallel_shard(m: int) -> None:
                  torch.randint(0, 16, (groups, n), generator=g).float(), 32,
                  torch.randperm(k, generator=g).to(torch.int32),
                  torch.randint(0, groups, (k,), generator=g, dtype=torch.int32))
-    check(torch.randn(m, k), w, GEMV if m == 1 else GEMM)
+    check(torch.randn(m, k), w, PACKED_GATHER if packed else GEMV if m == 1 else GEMM)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -192,6 +203,88 @@ def test_default_configs(max_rows: int) -> None:
     cfg = w4a16_gemm.config_for(m)
     assert cfg.block_k % 8 == 0 and (cfg.gemv or cfg.block_k >= 32)
     check(torch.randn(m, 256), quantize(weights(64, 256, seed=m), 128), None)
+
+
+# ---- the packed dequantization's PTX, evaluated on the CPU -------------------------------------
+
+
+def _halves(r: torch.Tensor, ftype: str) -> torch.Tensor:
+    """uint32 words (int64) -> [..., 2] float64: the two 16-bit floats, low half first."""
+    h = torch.stack([r & 0xFFFF, r >> 16], -1).to(torch.int16)  # wraps like a bitcast
+    return h.view(torch.bfloat16 if ftype == "bf16" else torch.float16).double()
+
+
+def _fma_x2(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, ftype: str) -> torch.Tensor:
+    """fma.rn.{ftype}x2: a * b + c per half with one rounding. Computed in float64; asserted
+    exact in float32, so float32 -> 16-bit is that one rounding (no double rounding)."""
+    exact = _halves(a, ftype) * _halves(b, ftype) + _halves(c, ftype)
+    assert torch.equal(exact.float().double(), exact)
+    bits = exact.float().to(torch.bfloat16 if ftype == "bf16" else torch.float16)
+    u = bits.view(torch.int16).long() & 0xFFFF
+    return u[..., 0] | (u[..., 1] << 16)
+
+
+def run_ptx(text: str, args: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Evaluates the few PTX instructions dequant_asm emits on int64 tensors of uint32 words."""
+    regs = dict(args)
+
+    def val(tok: str) -> torch.Tensor | int:
+        tok = tok.strip()
+        return regs[tok] if tok in regs else int(tok, 0)
+
+    for line in text.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        dst, *src = [t.strip() for t in rest.split(",")]
+        if op == "mov.b32":
+            out = torch.full_like(args["$4"], val(src[0]))
+        elif op == "shr.b32":
+            out = val(src[0]) >> val(src[1])  # type: ignore[operator]
+        elif op == "lop3.b32":
+            a, b, c, lut = (val(t) for t in src)
+            out = torch.zeros_like(args["$4"])
+            for i in range(8):  # the truth table: bit (4a + 2b + c) of lut, as PTX's 0xF0/CC/AA
+                if lut >> i & 1:  # type: ignore[operator]
+                    ta = a if i & 4 else ~a & 0xFFFFFFFF  # type: ignore[operator]
+                    tb = b if i & 2 else ~b & 0xFFFFFFFF  # type: ignore[operator]
+                    tc = c if i & 1 else ~c & 0xFFFFFFFF  # type: ignore[operator]
+                    out = out | (ta & tb & tc)
+        elif op in ("fma.rn.bf16x2", "fma.rn.f16x2"):
+            out = _fma_x2(*(torch.as_tensor(val(t)).expand_as(args["$4"]) for t in src),
+                          op.split(".")[2][:-2])
+        else:
+            raise AssertionError(f"unexpected PTX instruction {op}")
+        regs[dst] = out & 0xFFFFFFFF
+    return regs
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_dequant_ptx_matches_the_reference_rounding(dtype: torch.dtype) -> None:
+    """Every (q, z) pair in both halves of a word, many scales: the asm's (q - z) * s is the
+    fp32 product rounded once to the 16-bit type, bit for bit (zeros' signs included)."""
+    ftype, base = ("bf16", 128.0) if dtype == torch.bfloat16 else ("f16", 1024.0)
+    text = w4a16_packed.DEQUANT_BF16_ASM if ftype == "bf16" else w4a16_packed.DEQUANT_F16_ASM
+    g = torch.Generator().manual_seed(13)
+    q = torch.randint(0, 16, (4096, 8), generator=g)  # q[:, j]: nibble j of a word
+    # a zero and a scale per nibble t and halfword (gidx: rows of one word in other groups)
+    z = torch.randint(0, 16, (4, 4096, 2), generator=g).to(dtype)
+    s = (torch.randn(4, 4096, 2, generator=g) * torch.logspace(-4, 1, 4096)[:, None]).to(dtype)
+    word = sum(q[:, j].long() << (4 * j) for j in range(8))  # halfword h: nibbles 4h .. 4h + 3
+
+    def pair(v: torch.Tensor) -> torch.Tensor:  # [n, 2] 16-bit -> one word, low half first
+        u = v.view(torch.int16).long() & 0xFFFF
+        return u[:, 0] | (u[:, 1] << 16)
+
+    regs = run_ptx(text, {"$4": word, **{f"${5 + t}": pair(s[t]) for t in range(4)},
+                          **{f"${9 + t}": pair(-(z[t].float() + base).to(dtype))
+                             for t in range(4)}})
+    for t in range(4):
+        got = torch.stack([regs[f"${t}"] & 0xFFFF, regs[f"${t}"] >> 16], -1).to(torch.int16)
+        qt = torch.stack([q[:, t], q[:, 4 + t]], -1).float()  # nibble t of each halfword
+        want = ((qt - z[t].float()) * s[t].float()).to(dtype).view(torch.int16)
+        assert torch.equal(got, want), t
 
 
 # ---- MoE ----------------------------------------------------------------------------------------

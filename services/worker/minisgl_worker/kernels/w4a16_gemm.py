@@ -47,6 +47,9 @@ class W4Config:
     max_split: int = 16
     group_m: int = 8  # GEMM: row tiles run back to back per column tile
     x_permuted: bool = True  # GEMM: reorder x's columns once (else gather them in the kernel)
+    # GEMM: two weights a 32-bit register, inline PTX (w4a16_packed.py; bf16/fp16 on CUDA).
+    # With BLOCK_M 16 (rows masked) and split-K it is also the decode path, as Marlin's.
+    packed_dequant: bool = False
 
 
 # (max rows, config): first match wins (tests/gpu/test_w4a16.py --sweep prints a replacement
@@ -218,6 +221,14 @@ def _gemm(x: torch.Tensor, w: W4Weight, cfg: W4Config, out: torch.Tensor) -> tor
         HAS_GIDX=w.gidx is not None, X_PERMUTED=cfg.x_permuted, EVEN_K=k % cfg.block_k == 0,
         EVEN_N=n % cfg.block_n == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=splits > 1,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=cfg.num_warps,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PACKED=cfg.packed_dequant,
+        ASM=cfg.packed_dequant and use_asm(x), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl.options(x))
     return out
+
+
+def use_asm(x: torch.Tensor) -> bool:
+    """The packed dequantization's inline PTX: 16-bit activations on an sm_80+ GPU (the
+    interpreter runs no PTX; fp32 has no packed form)."""
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and torch.cuda.get_device_capability(x.device)[0] >= 8)

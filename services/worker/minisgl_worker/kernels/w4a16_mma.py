@@ -29,6 +29,10 @@ with the tensor cores at large M): nibble q OR-ed into the mantissa of B = 128 (
 (fp16) or 2**23 (fp32) is exactly B + q; minus (B + z), exact, times the group scale, in the
 activation dtype (one rounding, as the reference's cast of (q - z) * s).
 
+PACKED (W4Config.packed_dequant): the same values two a 32-bit register by inline PTX
+(w4a16_packed.py: lop3 + two bf16x2/f16x2 fmas a pair, half the instructions a weight); with
+BLOCK_M 16 and split-K it is also a decode kernel for M = 1 (rows masked, as Marlin pads them).
+
 Split-K and the epilogue are w4a16_kernels._finish's (deterministic counter reduction).
 """
 
@@ -40,6 +44,7 @@ import triton.language as tl
 from .pdl import release as _pdl_release
 from .pdl import wait as _pdl_wait
 from .w4a16_kernels import _finish, tile_coords, weight_cols
+from .w4a16_packed import dequant4
 
 
 @triton.jit
@@ -58,9 +63,9 @@ def _nibble(half, t: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def _group_params(s_ptr, z_ptr, g, wcols, stride_s, HAS_ZEROS: tl.constexpr,
-                  DT: tl.constexpr, FULL: tl.constexpr = 0):
-    """Scale and B + zero for groups g (any shape broadcasting against [BLOCK_N, 1]): DT
-    tensors [BLOCK_N, ...]."""
+                  DT: tl.constexpr, FULL: tl.constexpr = 0, NEG: tl.constexpr = False):
+    """Scale and B + zero (NEG: -(B + zero)) for groups g (any shape broadcasting against
+    [BLOCK_N, 1]): DT tensors [BLOCK_N, ...]."""
     # B: the float whose mantissa bits hold a nibble exactly (B + q), see _nibble
     B: tl.constexpr = (128.0 if DT == tl.bfloat16  # noqa: SIM300
                        else 1024.0 if DT == tl.float16 else 8388608.0)  # noqa: SIM300
@@ -68,8 +73,20 @@ def _group_params(s_ptr, z_ptr, g, wcols, stride_s, HAS_ZEROS: tl.constexpr,
     if FULL:
         off = tl.broadcast_to(off, (off.shape[0], FULL))
     s = tl.load(s_ptr + off).to(DT)
-    bz = tl.load(z_ptr + off).to(DT) + B if HAS_ZEROS else tl.full([1, 1], 8.0 + B, DT)
+    if NEG:
+        bz = ((-B) - tl.load(z_ptr + off).to(DT) if HAS_ZEROS
+              else tl.full(off.shape, -8.0 - B, DT))
+    else:
+        bz = tl.load(z_ptr + off).to(DT) + B if HAS_ZEROS else tl.full([1, 1], 8.0 + B, DT)
     return s, bz
+
+
+@triton.jit
+def _gidx_params(gidx_ptr, k4, t: tl.constexpr, K, s_ptr, z_ptr, wcols, stride_s,
+                 HAS_ZEROS: tl.constexpr, DT: tl.constexpr):
+    """Scale and -(B + zero) of nibble t's rows by gidx: DT [BLOCK_N, len(k4)]."""
+    gt = tl.load(gidx_ptr + tl.minimum(k4 + t, K - 1))[None, :]
+    return _group_params(s_ptr, z_ptr, gt, wcols, stride_s, HAS_ZEROS, DT, k4.shape[0], True)
 
 
 @triton.jit
@@ -86,9 +103,10 @@ def _step(acc, x_ptr, x_off, row_ok, k0, k_hi, K, q_ptrs, s_ptr, z_ptr, perm_ptr
                  gidx_ptr, wcols, stride_s, G: tl.constexpr, HAS_ZEROS: tl.constexpr,
                  HAS_PERM: tl.constexpr, HAS_GIDX: tl.constexpr, X_PERMUTED: tl.constexpr,
                  EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 PRECISION: tl.constexpr, PACKED: tl.constexpr, ASM: tl.constexpr):
     """Four dots of K = BLOCK_K // 4: halfword column c of the tile holds canonical rows
-    k0 + 4c + t, t = 0..3 (see the module doc)."""
+    k0 + 4c + t, t = 0..3 (see the module doc). PACKED: the four weight tiles from one
+    w4a16_packed.dequant4 (two weights a register with ASM)."""
     C: tl.constexpr = BLOCK_K // 4
     c = tl.arange(0, C)
     k4 = k0 + 4 * c  # canonical row of nibble 0 of each halfword
@@ -103,12 +121,23 @@ def _step(acc, x_ptr, x_off, row_ok, k0, k_hi, K, q_ptrs, s_ptr, z_ptr, perm_ptr
             g = tl.full([1, 1], 0, tl.int32) + k0 // G
         else:
             g = (tl.minimum(k4, K - 4) // G)[None, :]
-        s, bz = _group_params(s_ptr, z_ptr, g, wcols, stride_s, HAS_ZEROS, DT, C)
+        s, bz = _group_params(s_ptr, z_ptr, g, wcols, stride_s, HAS_ZEROS, DT, C, PACKED)
+        if PACKED:
+            ws = dequant4(half, s, s, s, s, bz, bz, bz, bz, DT, ASM)
+    elif PACKED:
+        s0, z0 = _gidx_params(gidx_ptr, k4, 0, K, s_ptr, z_ptr, wcols, stride_s, HAS_ZEROS, DT)
+        s1, z1 = _gidx_params(gidx_ptr, k4, 1, K, s_ptr, z_ptr, wcols, stride_s, HAS_ZEROS, DT)
+        s2, z2 = _gidx_params(gidx_ptr, k4, 2, K, s_ptr, z_ptr, wcols, stride_s, HAS_ZEROS, DT)
+        s3, z3 = _gidx_params(gidx_ptr, k4, 3, K, s_ptr, z_ptr, wcols, stride_s, HAS_ZEROS, DT)
+        ws = dequant4(half, s0, s1, s2, s3, z0, z1, z2, z3, DT, ASM)
     for t in tl.static_range(4):
-        if HAS_GIDX:
-            gt = tl.load(gidx_ptr + tl.minimum(k4 + t, K - 1))[None, :]
-            s, bz = _group_params(s_ptr, z_ptr, gt, wcols, stride_s, HAS_ZEROS, DT, C)
-        w = (_nibble(half, t, DT) - bz) * s
+        if PACKED:
+            w = ws[t]
+        else:
+            if HAS_GIDX:
+                gt = tl.load(gidx_ptr + tl.minimum(k4 + t, K - 1))[None, :]
+                s, bz = _group_params(s_ptr, z_ptr, gt, wcols, stride_s, HAS_ZEROS, DT, C)
+            w = (_nibble(half, t, DT) - bz) * s
         if X_PERMUTED:  # x' zero-padded to whole BLOCK_K steps: no mask
             a = tl.load(x_ptr + x_off[None, :] + (k0 + t * C + c)[:, None],
                         mask=row_ok[None, :], other=0.0)
@@ -126,10 +155,12 @@ def w4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, gidx_ptr, out_ptr, ws_pt
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                   SPLIT_K: tl.constexpr, PRECISION: tl.constexpr = "tf32",
+                  PACKED: tl.constexpr = False, ASM: tl.constexpr = False,
                   USE_PDL: tl.constexpr = False):
     """out[M, N] = x[M, K] @ W.T: one [BLOCK_M, BLOCK_N] output tile and K range a program
     (grid: tiles, splits), computed transposed (see the module doc). With X_PERMUTED, x_ptr is
-    the reordered, zero-padded x' and HAS_PERM is False (folded in)."""
+    the reordered, zero-padded x' and HAS_PERM is False (folded in). PACKED: the
+    dequantization of w4a16_packed.py (ASM: its inline PTX, bf16/fp16 on CUDA only)."""
     _pdl_release(USE_PDL)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -152,7 +183,7 @@ def w4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, gidx_ptr, out_ptr, ws_pt
         k0 = k_lo + step * BLOCK_K
         acc = _step(acc, x_ptr, x_off, row_ok, k0, k_hi, K, q_ptrs, s_ptr, z_ptr, perm_ptr,
                     gidx_ptr, wcols, stride_s, G, HAS_ZEROS, HAS_PERM, HAS_GIDX, X_PERMUTED,
-                    EVEN_K, BLOCK_K, DT, PRECISION)
+                    EVEN_K, BLOCK_K, DT, PRECISION, PACKED, ASM)
         q_ptrs += (BLOCK_K // 8) * stride_q
     tile = tile_m * tiles_n + tile_n
     _finish(tl.trans(acc), rows, cols, M, N, out_ptr, stride_o, ws_ptr, cnt_ptr, tile, pid_k,
