@@ -149,13 +149,14 @@ def decode_main(args: argparse.Namespace) -> int:
                             w2_bias=w["w2_bias"].float(), activation=act)
         args_ = (x, w["w13"], w["w2"], ids, weights, w["w13_scale"], w["w2_scale"])
 
-        def gemv(config: object = None) -> torch.Tensor:
-            return mxfp4_moe_gemv(*args_, config=config, **bias)  # type: ignore[arg-type]
+        def gemv(config: object = None, a: tuple = args_) -> torch.Tensor:
+            return mxfp4_moe_gemv(*a, config=config, **bias)  # type: ignore[arg-type]
 
-        def gemm() -> torch.Tensor:
-            return mxfp4_moe_triton(*args_, **bias)  # type: ignore[arg-type]
+        def gemm(a: tuple = args_) -> torch.Tensor:
+            return mxfp4_moe_triton(*a, **bias)  # type: ignore[arg-type]
 
-        def bf16() -> torch.Tensor:
+        def bf16(x: torch.Tensor = x, ids: torch.Tensor = ids,
+                 weights: torch.Tensor = weights) -> torch.Tensor:
             return fused_moe_triton(x, w["w13_bf16"], w["w2_bf16"], ids, weights, **bias)
 
         err = rel_err(gemv(), ref)

@@ -10,7 +10,9 @@ whose experts stay packed on the GPU (quant_load/mxfp4.py).
 The computation is fused_moe's (align the (token, k) pairs by expert, one grouped GEMM for gate
 and up with bias and clamped SwiGLU in its epilogue, one for down scaled by the routing weight,
 the sum over k), the kernels (moe_mxfp4_kernels.py) reading 4.25 bits a weight and dequantizing
-in registers. Nothing reads a device value back on the host: CUDA-graph safe. CPU tensors take
+in registers. Batches of at most GEMV_MAX_PAIRS (token, k) pairs take the decode path instead
+(moe_mxfp4_gemv.py: GEMVs on CUDA cores over the same packed bytes, no second copy). Nothing
+reads a device value back on the host: CUDA-graph safe. CPU tensors take
 the reference (dequantize, then fused_moe.moe_reference) unless `mxfp4_moe_triton` is called
 under TRITON_INTERPRET=1.
 """

@@ -7,11 +7,16 @@ Same weights as the grouped GEMMs (moe_mxfp4_kernels.py), no second copy:
                                  8j..8j + 7, element 8j + i in bits 4i..4i + 3
     scale uint8 [E, N, K // 32]  one byte per 32 elements = per 4 words
 A program owns BLOCK_P pairs of one expert (BLOCK_P = 1: one pair, routed straight from topk_ids;
-more: a tile of `align_pairs`, so pairs sharing an expert decode its bytes once) and BLOCK_N
+2: a tile of `align_pairs`, so two pairs sharing an expert decode its bytes once) and BLOCK_N
 output rows, and walks K in steps of BLOCK_K: per row and 32-block, a thread loads 16 bytes of
 codes (one 128-bit load) and the scale byte straight into registers (nothing goes through shared
 memory, so the 90-byte scale rows need no alignment), decodes in registers and accumulates
-x . w in fp32. The whole of K stays in one program (no split-K), so the gate_up epilogue has the
+x . w in fp32, element-wise (one fma a weight and pair; the sums over K happen once, at the end).
+x comes de-interleaved, x[t, i, j] = element 8j + i of row t (the host permutes the hidden
+states, ~6 KB a token; gate_up writes its output so for down), so element i of a thread's 4 words
+is one 8-byte load and every tensor of the loop shares one register layout (no shared-memory
+layout conversions; Triton chose them when the 8 elements of a word were a tensor dimension).
+The whole of K stays in one program (no split-K), so the gate_up epilogue has the
 complete sums for its bias and clamped SwiGLU, and the down epilogue scales by the routing weight
 and writes the pair's own row of the [T, K, H] buffer (the sum over k stays deterministic).
 
@@ -32,15 +37,15 @@ from .pdl import begin as _pdl_begin
 
 
 @triton.jit
-def _element(w, factor, I: tl.constexpr):
-    """Element I (0..7) of each uint32 word, times factor (2^(s - 1), fp32): exactly
-    e2m1 * 2^(s - 127). Bits 4I..4I+2 go to 22..24 and bit 4I+3 to 31 (one shift each, the
+def _element(w, factor, IDX: tl.constexpr):
+    """Element IDX (0..7) of each uint32 word, times factor (2^(s - 1), fp32): exactly
+    e2m1 * 2^(s - 127). Bits 4i..4i+2 go to 22..24 and bit 4i+3 to 31 (one shift each, the
     masks and the or one 3-input logic op)."""
-    if I * 4 <= 22:
-        mag = (w << (22 - 4 * I)) & 0x01C00000
+    if IDX * 4 <= 22:  # noqa: SIM108 - a constexpr branch: one shift direction compiled
+        mag = (w << (22 - 4 * IDX)) & 0x01C00000
     else:
-        mag = (w >> (4 * I - 22)) & 0x01C00000
-    sign = (w << (28 - 4 * I)) & 0x80000000
+        mag = (w >> (4 * IDX - 22)) & 0x01C00000
+    sign = (w << (28 - 4 * IDX)) & 0x80000000
     return (mag | sign).to(tl.float32, bitcast=True) * factor
 
 
