@@ -15,6 +15,11 @@ For each batch size T (default 1 4 16 64 256 1024 4096):
 --sweep times tile candidates per T (eager, each GEMM tuned with the other at its default) and
 prints the best three, to re-tune `moe_mxfp4.choose_config`. Exit status 1 on an accuracy miss.
 About 2-3 minutes on an H200 with --sweep.
+
+--decode: the decode path instead (moe_mxfp4_gemv.py, the GEMVs `mxfp4_moe` takes up to
+GEMV_MAX_PAIRS pairs) at T in 1 2 4 8 16 32 64: its error against the reference, its graph time
+beside the grouped GEMM's and bf16's, GB/s of the MXFP4 bytes; with --sweep a few GEMV tiles per
+T (best three printed, to re-tune `choose_gemv_config` and GEMV_MAX_PAIRS). About 1-2 minutes.
 """
 
 from __future__ import annotations
@@ -108,6 +113,90 @@ def sweep(t: int, call: Callable[..., torch.Tensor], timer: Callable, iters: int
     return results
 
 
+def gemv_configs() -> list:
+    from minisgl_worker.kernels.moe_mxfp4 import GemvConfig, GemvTile
+
+    tiles = [GemvTile(n, k, w) for n, k, w in (
+        (16, 256, 4), (16, 128, 4), (32, 256, 4), (32, 128, 4), (16, 512, 4), (32, 256, 8),
+        (64, 128, 8), (8, 256, 2))]
+    return [GemvConfig(p, t, t) for p in (1, 2) for t in tiles]
+
+
+def decode_main(args: argparse.Namespace) -> int:
+    from minisgl_worker.kernels.clamped_swiglu import ClampedSwiGLU
+    from minisgl_worker.kernels.fused_moe import fused_moe_triton, moe_reference
+    from minisgl_worker.kernels.moe_mxfp4 import (
+        choose_gemv_config,
+        mxfp4_moe_gemv,
+        mxfp4_moe_triton,
+    )
+
+    from gpu.test_moe import Timer, graph_time, rel_err
+
+    torch.manual_seed(0)
+    w = _experts()
+    act = ClampedSwiGLU(1.702, 7.0)
+    bias = dict(w13_bias=w["w13_bias"], w2_bias=w["w2_bias"], activation=act)
+    timer, rows, ok = Timer(), [], True
+    tokens = args.tokens if args.tokens_given else [1, 2, 4, 8, 16, 32, 64]
+    print(f"decode path (GEMVs) vs grouped GEMM vs bf16; E={E} top-{TOP_K} H={H} I={INTER}")
+    for t in tokens:
+        x = torch.randn(t, H, device="cuda", dtype=torch.bfloat16)
+        top, ids = torch.topk(torch.randn(t, E, device="cuda"), TOP_K, dim=-1)
+        weights = torch.softmax(top, -1).bfloat16()
+        ref = moe_reference(x.float(), w["w13_bf16"].float(), w["w2_bf16"].float(), ids,
+                            weights.float(), w13_bias=w["w13_bias"].float(),
+                            w2_bias=w["w2_bias"].float(), activation=act)
+        args_ = (x, w["w13"], w["w2"], ids, weights, w["w13_scale"], w["w2_scale"])
+
+        def gemv(config: object = None, a: tuple = args_) -> torch.Tensor:
+            return mxfp4_moe_gemv(*a, config=config, **bias)  # type: ignore[arg-type]
+
+        def gemm(a: tuple = args_) -> torch.Tensor:
+            return mxfp4_moe_triton(*a, **bias)  # type: ignore[arg-type]
+
+        def bf16(x: torch.Tensor = x, ids: torch.Tensor = ids,
+                 weights: torch.Tensor = weights) -> torch.Tensor:
+            return fused_moe_triton(x, w["w13_bf16"], w["w2_bf16"], ids, weights, **bias)
+
+        err = rel_err(gemv(), ref)
+        ok &= err < args.tol
+        ms, equal = graph_time(gemv, gemv(), timer, args.iters)
+        ok &= equal
+        gemm_ms, _ = graph_time(gemm, gemm(), timer, args.iters)
+        bf16_ms, _ = graph_time(bf16, bf16(), timer, args.iters)
+        nbytes = mxfp4_bytes(ids)
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        row: dict[str, object] = dict(tokens=t, err=err, us=ms * 1e3, gb_s=gbs,
+                                      gemm_us=gemm_ms * 1e3, bf16_us=bf16_ms * 1e3,
+                                      config=repr(choose_gemv_config(t * TOP_K)))
+        print(f"T={t:3d}  gemv {ms * 1e3:7.1f} us {gbs:6.0f} GB/s ({100 * gbs * 1e9 / PEAK:4.1f}%)"
+              f"  gemm {gemm_ms * 1e3:7.1f} us  bf16 {bf16_ms * 1e3:7.1f} us  err={err:.1e}"
+              f"  graph={equal}")
+        if args.sweep:
+            results = []
+            for cfg in gemv_configs():
+                try:
+                    e = rel_err(gemv(cfg), ref)
+                    c_ms = timer(lambda cfg=cfg: gemv(cfg), max(10, args.iters // 3))
+                except Exception as exc:  # noqa: BLE001 - a tile that does not compile
+                    print(f"    skip {cfg}: {type(exc).__name__}")
+                    continue
+                if e > args.tol:
+                    print(f"    WRONG ({e:.1e}) {cfg}")
+                    ok = False
+                    continue
+                results.append(dict(config=repr(cfg), ms=c_ms))
+            results.sort(key=lambda r: r["ms"])
+            for r in results[:3]:
+                print(f"    {r['ms'] * 1e3:.1f} us (eager)  {r['config']}")
+            row["sweep"] = results
+        rows.append(row)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(rows=rows), indent=1))
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     _paths()
     from minisgl_worker.kernels.clamped_swiglu import ClampedSwiGLU
@@ -123,7 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tol", type=float, default=1e-2)
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--decode", action="store_true", help="the decode path (GEMVs), T 1..64")
     args = p.parse_args(argv)
+    args.tokens_given = any(a.startswith("--tokens") for a in (argv or sys.argv[1:]))
+    if args.decode:
+        return decode_main(args)
 
     torch.manual_seed(0)
     w = _experts()
@@ -187,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
 def test_mxfp4_moe() -> None:
     """MXFP4 experts within 1e-2 of the fp32 reference, both upcasts; graph replay equal."""
     assert main(["--tokens", "1", "16", "256", "4096", "--iters", "20"]) == 0
+
+
+def test_mxfp4_decode_path() -> None:
+    """The decode GEMVs within 1e-2 of the fp32 reference; graph replay equal."""
+    assert main(["--decode", "--tokens", "1", "4", "16", "--iters", "20"]) == 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ programmatic dependent launch (griddepcontrol), inline PTX (%globaltimer, trap),
 atomics, volatile loads, fp8 tensor-core products, wgmma pipelines. Here Triton lowers each kernel
 to PTX and ptxas (shipped in the triton wheel) assembles it for sm_90, as on the GPU machine, with
 the variants the worker launches there (PDL on). Run as a script, without TRITON_INTERPRET:
-`python tests/worker/sm90_compile.py` prints one line a case and exits non-zero if one fails.
+`python tests/worker/sm90_compile.py [WORD...]` prints one line a case (those whose name holds a
+WORD, or all) and exits non-zero if one fails.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class Case:
     divisible: tuple[str, ...] = ()  # names the kernel lacks are ignored
     aligned: tuple[str, ...] = ()  # arguments a launch specializes as multiples of 16 (pointers,
     # strides): without it 2-byte loads look unaligned and cp.async pipelining is not exercised
+    ptx_has: tuple[str, ...] = ()  # regexes the PTX must match (e.g. vectorized loads)
+    ptx_lacks: tuple[str, ...] = ()  # regexes it must not (e.g. flush-to-zero multiplies)
+    no_spills: bool = False  # fail on any local memory (register spills)
 
     @property
     def name(self) -> str:
@@ -117,6 +121,36 @@ _MXFP4_CASES = [
     *_mxfp4_cases((32, 128, 64, 4, 3), False, True, True),
     *_mxfp4_cases((128, 128, 64, 8, 3), False, True, True),
     *_mxfp4_cases((64, 128, 64, 8, 3), False, False, False, "*fp16", gpt_oss=False),
+]
+
+
+def _mxfp4_gemv_case(gate_up: bool, block_p: int, block_n: int, block_k: int, warps: int,
+                     even: bool = True, dtype: str = "*bf16") -> Case:
+    """moe_mxfp4_gemv.mxfp4_gemv_kernel (the decode path) for gpt-oss: biases, clamped SwiGLU;
+    its codes must come in 128-bit loads, its fp32 multiplies keep subnormals, nothing spills."""
+    consts = {"TOPK": 4, "GATE_UP": gate_up, "ALIGNED": block_p > 1, "BLOCK_P": block_p,
+              "BLOCK_N": block_n, "BLOCK_K": block_k, "EVEN_K": even, "HAS_BIAS": True,
+              "CLAMPED": gate_up, **_PDL}
+    ptrs = {"x_ptr": dtype, "w_ptr": "*i32", "s_ptr": "*u8", "out_ptr": dtype, "ids_ptr": "*i64",
+            "sorted_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32",
+            "weights_ptr": dtype, "b_ptr": dtype}
+    # H = I = 2880: row strides of 360 words, 90 scale bytes
+    div = ("x_ptr", "w_ptr", "s_ptr", "out_ptr", "b_ptr", "n_out", "k_in", "stride_xt",
+           "stride_we", "stride_wn", "stride_se", "stride_ot", "stride_be")
+    return Case("moe_mxfp4_gemv", "mxfp4_gemv_kernel", consts, ptrs,
+                {"alpha": "fp32", "limit": "fp32"}, {"num_warps": warps, "num_stages": 1}, div,
+                ptx_has=(r"ld\.global(\.\w+)*\.v4\.b32",), ptx_lacks=(r"mul(\.\w+)*\.ftz",),
+                no_spills=True)
+
+
+_MXFP4_GEMV_CASES = [
+    _mxfp4_gemv_case(True, 1, 16, 256, 4),
+    _mxfp4_gemv_case(False, 1, 16, 256, 4),
+    _mxfp4_gemv_case(True, 2, 16, 256, 4),
+    _mxfp4_gemv_case(False, 2, 16, 256, 4),
+    _mxfp4_gemv_case(True, 2, 32, 128, 4, even=False),
+    _mxfp4_gemv_case(True, 1, 32, 512, 8, even=False),
+    _mxfp4_gemv_case(False, 1, 16, 256, 4, dtype="*fp16"),
 ]
 
 CASES = [
@@ -277,6 +311,7 @@ CASES = [
             "GROUP_M": 1, "PRECISION": "tf32", **_PDL}, {"q_ptr": "*i32", **_MOE_TILE_PTRS})
       for up, bm, bn in ((True, 16, 32), (False, 64, 128))),
     *_MXFP4_CASES,
+    *_MXFP4_GEMV_CASES,
     Case("fp8_gemm", "_fp8_gemm_kernel",
          {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "ACC_MODE": 1, **_PDL},
          {"a_ptr": _FP8, "b_ptr": _FP8, "sa_ptr": "*fp32", "sb_ptr": "*fp32"}, {},
@@ -323,19 +358,32 @@ def compile_case(case: Case) -> tuple[int, str]:
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=case.options)
-    if case.constexprs.get("USE_PDL") and "griddepcontrol.wait" not in out.asm["ptx"]:
+    ptx = out.asm["ptx"]
+    if case.constexprs.get("USE_PDL") and "griddepcontrol.wait" not in ptx:
         raise AssertionError(f"{case.kernel}: USE_PDL=True but no griddepcontrol.wait in its PTX")
     if case.constexprs.get("ASM") and case.module == "w4a16_mma":  # the packed dequantization
         ftype = "f16" if case.ptrs.get("x_ptr") == "*fp16" else "bf16"
         for op in ("lop3.b32", f"fma.rn.{ftype}x2"):
-            if op not in out.asm["ptx"]:
+            if op not in ptx:
                 raise AssertionError(f"{case.kernel}: ASM=True but no {op} in its PTX")
-    return len(out.asm["cubin"]), resources(out.asm["cubin"])
+    for pattern in case.ptx_has:
+        if not re.search(pattern, ptx):
+            raise AssertionError(f"{case.kernel}: no /{pattern}/ in its PTX")
+    for pattern in case.ptx_lacks:
+        if re.search(pattern, ptx):
+            raise AssertionError(f"{case.kernel}: /{pattern}/ in its PTX")
+    use = resources(out.asm["cubin"])
+    if case.no_spills and not use.endswith(" 0 bytes local (spills)"):
+        raise AssertionError(f"{case.kernel}: spills ({use})")
+    return len(out.asm["cubin"]), use
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Every case, or those whose name contains one of argv's words."""
+    words = sys.argv[1:] if argv is None else argv
+    cases = [c for c in CASES if not words or any(w in c.name for w in words)]
     failed = 0
-    for case in CASES:
+    for case in cases:
         try:
             size, use = compile_case(case)
             print(f"ok {case.name}: {size} bytes of sm_90 code, {use}")
@@ -343,7 +391,7 @@ def main() -> int:
             failed += 1
             print(f"FAILED {case.name}")
             traceback.print_exc()
-    print(f"{len(CASES)} cases, {failed} failed")
+    print(f"{len(cases)} cases, {failed} failed")
     return 1 if failed else 0
 
 
