@@ -190,6 +190,12 @@ CASES = [
     Case("fused_kernels", "_gemv_kernel",
          {"HAS_BIAS": True, "HAS_SCALE": True, "SILU_MUL": False, "BLOCK_N": 2,
           "BLOCK_K": 1024, **_PDL}, {"w_ptr": _FP8, "s_ptr": "*fp32"}),
+    Case("fused_kernels", "_gemv_kernel",  # INT8 W8A8 checkpoints' one-row product
+         {"HAS_BIAS": False, "HAS_SCALE": True, "SILU_MUL": True, "BLOCK_N": 2,
+          "BLOCK_K": 1024, **_PDL}, {"w_ptr": "*i8", "s_ptr": "*fp32"}),
+    Case("fused_kernels", "_gemv_kernel",  # block-FP8 checkpoints: scales per 128-group
+         {"HAS_BIAS": False, "HAS_SCALE": True, "SILU_MUL": False, "BLOCK_N": 8,
+          "BLOCK_K": 1024, "SCALE_GROUP": 128, **_PDL}, {"w_ptr": _FP8, "s_ptr": "*fp32"}),
     Case("fused_kernels", "_rmsnorm_kernel",
          {"HAS_RES": True, "BLOCK": 4096, "QUANT": True, "QMAX": 448.0, **_PDL},
          {"out_ptr": _FP8, "scale_ptr": "*fp32"}, {"eps": "fp32"}, {"num_warps": 8}),

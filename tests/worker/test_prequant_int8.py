@@ -201,6 +201,21 @@ def test_gemm_kernel_equals_reference(m: int, n: int, k: int, config: tuple | No
         assert torch.equal(k8.linear(x, qw, sw, static), q8.reference_linear(x, qw, sw, static))
 
 
+def test_one_row_is_weight_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-row CUDA product takes the GEMV (int8 rows times their scales, the activation
+    unrounded) under the interpreter: the dequantized weight's product, not the W8A8 one."""
+    k8 = _interpreted()
+    from minisgl_worker.kernels import fused_ops
+
+    monkeypatch.setattr(fused_ops, "gemv_usable", lambda x: x.shape[0] == 1)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 600, generator=gen)
+    qw, sw = q8.quantize_weight(torch.randn(40, 600, generator=gen) * 0.05)
+    want = x @ (qw.float() * sw).t()
+    torch.testing.assert_close(k8.linear(x, qw, sw), want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(q8.reference_linear(x, qw, sw), want, rtol=1e-5, atol=1e-5)
+
+
 def test_tp2_equals_tp1(tmp_path: Path) -> None:
     """int8 rows sharded with q|k|v / gate|up parts, K split for o and down, per-tensor scales
     of parts and static input scales: TP=2 over gloo gives TP=1's logits and tokens, and both

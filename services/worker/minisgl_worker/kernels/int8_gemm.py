@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import fused_ops, pdl
 from .pdl import begin as _pdl_begin
 
 # (max rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the fp8 GEMM's small-M tiles
@@ -155,9 +155,14 @@ def int_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
 def linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
            input_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ (w * w_scale).T with x quantized to int8 (per token, or input_scale) ->
-    [M, N] in x's dtype. w int8 [N, K], w_scale fp32 [N, 1]."""
+    [M, N] in x's dtype. w int8 [N, K], w_scale fp32 [N, 1]. One CUDA row: weight-only."""
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if fused_ops.gemv_usable(x):
+        # One row (bs=1 decode) reads every weight once: the GEMV streams the int8 rows with
+        # their scales (the fp8 GEMV's kernel), the activation unrounded; the int8 GEMM's few
+        # programs left HBM idle there (~55 us a projection on an H200).
+        return fused_ops.gemv(x, w, w_scale=w_scale.view(-1))
     qx, sx = quantize(x, input_scale)
     m, k = qx.shape
     if (INT_MM_ROWS is not None and m >= max(INT_MM_ROWS, 17) and k % 8 == 0
