@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .quant.config_checks import UNSET, check_args, compressed_group, names, refuse
 from .quant.int8 import compressed_int8
 from .quant.mxfp4 import parse_config as _mxfp4_config
 from .quant.w4_config import w4_format
@@ -55,18 +56,6 @@ class CheckpointQuant:
         return f"quant_method {self.method}: e4m3 weights, {self.scheme} scales, {acts} activations"
 
 
-def _refuse(field: str, value: object, why: str) -> ValueError:
-    return ValueError(f"config.json quantization_config.{field}={value!r} is not supported: {why}")
-
-
-def _names(v: object, field: str) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise _refuse(field, v, "expected a list of module names")
-    return tuple(v)
-
-
 # quantization_config keys of quant_method "fp8" (transformers' FineGrainedFP8Config, vLLM's
 # Fp8Config) and the values that are implemented; None: any value (validated below).
 _FP8_KEYS: dict[str, tuple[object, ...] | None] = {
@@ -79,43 +68,24 @@ _FP8_KEYS: dict[str, tuple[object, ...] | None] = {
 def _fp8(qc: dict[str, Any]) -> CheckpointQuant:
     for key, value in qc.items():
         if key not in _FP8_KEYS:
-            raise _refuse(key, value, "an fp8 setting this engine does not implement")
+            raise refuse(key, value, "an fp8 setting this engine does not implement")
         allowed = _FP8_KEYS[key]
         if allowed is not None and value not in allowed:
-            raise _refuse(key, value, f"supported: {', '.join(map(repr, allowed))}")
+            raise refuse(key, value, f"supported: {', '.join(map(repr, allowed))}")
     block = qc.get("weight_block_size")
     static = qc.get("activation_scheme", "dynamic") == "static"
     if block is not None and list(block) != [BLOCK, BLOCK]:
-        raise _refuse("weight_block_size", block, f"only [{BLOCK}, {BLOCK}] blocks load")
+        raise refuse("weight_block_size", block, f"only [{BLOCK}, {BLOCK}] blocks load")
     if block is not None and static:
-        raise _refuse("activation_scheme", "static",
+        raise refuse("activation_scheme", "static",
                       "block-quantized weights with static activation scales")
-    ignored = _names(qc.get("modules_to_not_convert"), "modules_to_not_convert") + _names(
+    ignored = names(qc.get("modules_to_not_convert"), "modules_to_not_convert") + names(
         qc.get("ignored_layers"), "ignored_layers")
     return CheckpointQuant("fp8", "block" if block is not None else "tensor", static, ignored)
 
 
-# compressed-tensors: top-level keys that carry no arithmetic (provenance, statistics) and keys
-# that must be empty for the float-quantized W8A8 scheme this engine implements.
-_CT_INERT = ("quant_method", "format", "config_groups", "ignore", "global_compression_ratio",
-             "version", "provider", "quantization_status")
-_CT_EMPTY = ("kv_cache_scheme", "sparsity_config", "transform_config")
 # QuantizationArgs keys without effect on a stored fp8 tensor's meaning (calibration details)
 _ARGS_INERT = ("observer", "observer_kwargs")
-
-
-def _args(args: dict[str, Any], field: str, want: dict[str, tuple[object, ...]]) -> None:
-    for key, value in args.items():
-        if key in _ARGS_INERT:
-            continue
-        allowed = want.get(key)
-        if allowed is None:
-            raise _refuse(f"{field}.{key}", value, "a quantization argument not implemented")
-        if value not in allowed:
-            raise _refuse(f"{field}.{key}", value, f"supported: {', '.join(map(repr, allowed))}")
-
-
-_UNSET = (None,)
 
 
 def _compressed_tensors(qc: dict[str, Any]) -> CheckpointQuant:
@@ -123,58 +93,45 @@ def _compressed_tensors(qc: dict[str, Any]) -> CheckpointQuant:
     if fmt == "int-quantized":  # INT8 W8A8: quant/int8.py
         int8 = compressed_int8(qc)
         return CheckpointQuant(qc["quant_method"], "int8", int8.static,
-                               _names(qc.get("ignore"), "ignore"), int8)
+                               names(qc.get("ignore"), "ignore"), int8)
     if fmt != "float-quantized":
-        raise _refuse("format", fmt, "of compressed-tensors only float-quantized (FP8) loads")
-    for key, value in qc.items():
-        if key in _CT_EMPTY:
-            if value:
-                raise _refuse(key, value, "not implemented (only weights and activations)")
-        elif key not in _CT_INERT:
-            raise _refuse(key, value, "a compressed-tensors setting not implemented")
-    status = qc.get("quantization_status", "compressed")
-    if status != "compressed":
-        raise _refuse("quantization_status", status, "only compressed checkpoints load")
-    groups = qc.get("config_groups") or {}
-    if len(groups) != 1:
-        raise _refuse("config_groups", sorted(groups), "exactly one quantization group loads")
-    name, group = next(iter(groups.items()))
-    field = f"config_groups.{name}"
+        raise refuse("format", fmt, "of compressed-tensors only float-quantized (FP8) loads")
+    field, group = compressed_group(qc, "not implemented (only weights and activations)")
     statics: list[bool] = []
     for key, value in group.items():
         if key == "targets":
             if value != ["Linear"]:
-                raise _refuse(f"{field}.targets", value, "only ['Linear'] loads")
+                raise refuse(f"{field}.targets", value, "only ['Linear'] loads")
         elif key == "format":
             if value not in (None, "float-quantized"):
-                raise _refuse(f"{field}.format", value, "only float-quantized loads")
+                raise refuse(f"{field}.format", value, "only float-quantized loads")
         elif key == "output_activations":
             if value is not None:
-                raise _refuse(f"{field}.output_activations", value, "not implemented")
+                raise refuse(f"{field}.output_activations", value, "not implemented")
         elif key == "weights":
-            _args(value or {}, f"{field}.weights", {
+            check_args(value or {}, f"{field}.weights", {
                 "num_bits": (8,), "type": ("float",), "symmetric": (True,),
-                "strategy": ("channel", "tensor"), "dynamic": (False,), "group_size": _UNSET,
-                "block_structure": _UNSET, "actorder": _UNSET})
+                "strategy": ("channel", "tensor"), "dynamic": (False,), "group_size": UNSET,
+                "block_structure": UNSET, "actorder": UNSET}, _ARGS_INERT)
         elif key == "input_activations":
             if value is None:
-                raise _refuse(f"{field}.input_activations", None,
+                raise refuse(f"{field}.input_activations", None,
                               "weight-only fp8 (W8A16) is not implemented")
             dynamic = value.get("dynamic")
-            _args(value, f"{field}.input_activations", {
+            check_args(value, f"{field}.input_activations", {
                 "num_bits": (8,), "type": ("float",), "symmetric": (True,),
                 "strategy": ("token",) if dynamic else ("tensor",), "dynamic": (True, False),
-                "group_size": _UNSET, "block_structure": _UNSET, "actorder": _UNSET})
+                "group_size": UNSET, "block_structure": UNSET, "actorder": UNSET}, _ARGS_INERT)
             statics.append(not dynamic)
         else:
-            raise _refuse(f"{field}.{key}", value, "a quantization group setting not implemented")
+            raise refuse(f"{field}.{key}", value, "a quantization group setting not implemented")
     if "weights" not in group:
-        raise _refuse(f"{field}.weights", None, "a group without weights")
+        raise refuse(f"{field}.weights", None, "a group without weights")
     if not statics:
-        raise _refuse(f"{field}.input_activations", None,
+        raise refuse(f"{field}.input_activations", None,
                       "weight-only fp8 (W8A16) is not implemented")
     return CheckpointQuant("compressed-tensors", "channel", statics[0],
-                           _names(qc.get("ignore"), "ignore"))
+                           names(qc.get("ignore"), "ignore"))
 
 
 def checkpoint_quant(d: dict[str, Any]) -> CheckpointQuant | None:
@@ -184,7 +141,7 @@ def checkpoint_quant(d: dict[str, Any]) -> CheckpointQuant | None:
     if not qc:
         return None
     if not isinstance(qc, dict):
-        raise _refuse("quant_method", qc, "unrecognised quantization_config")
+        raise refuse("quant_method", qc, "unrecognised quantization_config")
     method = qc.get("quant_method", "?")
     if (w4 := w4_format(qc)) is not None:  # AWQ, GPTQ, compressed-tensors pack-quantized
         return CheckpointQuant(method, "w4", False, w4[1], w4[0])
@@ -194,6 +151,6 @@ def checkpoint_quant(d: dict[str, Any]) -> CheckpointQuant | None:
         return _compressed_tensors(qc)
     if method == "mxfp4":  # gpt-oss's experts (quant/mxfp4.py)
         return CheckpointQuant("mxfp4", "mxfp4", False, *_mxfp4_config(qc))
-    raise _refuse("quant_method", method, "pre-quantized checkpoints load as fp8, "
+    raise refuse("quant_method", method, "pre-quantized checkpoints load as fp8, "
                   "compressed-tensors (float-, int-, pack-quantized), awq, gptq or mxfp4; use the "
                   "bf16/fp16 checkpoint (optionally with --quantization fp8)")

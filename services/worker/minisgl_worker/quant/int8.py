@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from .config_checks import UNSET, check_args, compressed_group, refuse
+
 QMIN, QMAX = -128, 127
 _TINY = float(torch.finfo(torch.float32).tiny)  # the scale of an all-zero row
 
@@ -90,86 +92,51 @@ def reference_linear(x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor,
     return int_product(qx, sx, qw, sw)
 
 
-def _refuse(field: str, value: object, why: str) -> ValueError:
-    """The one-line start-up error, worded as prequant.py's (which imports this module)."""
-    return ValueError(f"config.json quantization_config.{field}={value!r} is not supported: {why}")
-
-
-# compressed-tensors' top-level keys without arithmetic (provenance, statistics, the layers left
-# unquantized: prequant.py reads `ignore`), and those that must be empty
-_CT_INERT = ("quant_method", "format", "config_groups", "ignore", "global_compression_ratio",
-             "version", "provider", "quantization_status")
-_CT_EMPTY = ("kv_cache_scheme", "sparsity_config", "transform_config")
 # QuantizationArgs keys that do not change what a stored tensor means: calibration details, and
 # the dtypes scales / zero points were saved in (the loader reads whatever dtype is stored)
 _ARGS_INERT = ("observer", "observer_kwargs", "scale_dtype", "zp_dtype")
-_UNSET = (None,)
-
-
-def _args(args: dict[str, Any], field: str, want: dict[str, tuple[object, ...]]) -> None:
-    for key, value in args.items():
-        if key in _ARGS_INERT:
-            continue
-        if key not in want:
-            raise _refuse(f"{field}.{key}", value, "an int8 quantization argument not implemented")
-        if value not in want[key]:
-            raise _refuse(f"{field}.{key}", value,
-                          f"supported: {', '.join(map(repr, want[key]))}")
 
 
 def _activations(acts: object, field: str) -> bool:
     """Validates a group's input_activations; whether they are static."""
     if not isinstance(acts, dict):
-        raise _refuse(field, acts, "weight-only int8 (W8A16) is not implemented")
+        raise refuse(field, acts, "weight-only int8 (W8A16) is not implemented")
     # compressed-tensors' defaults: dynamic False, strategy tensor (no group size)
     dynamic = acts.get("dynamic", False)
     acts = {**acts, "strategy": acts.get("strategy") or "tensor"}
     if acts.get("symmetric") is False:
-        raise _refuse(f"{field}.symmetric", False,
+        raise refuse(f"{field}.symmetric", False,
                       "asymmetric int8 activations (input_zero_point) are not implemented")
-    _args(acts, field, {
+    check_args(acts, field, {
         "num_bits": (8,), "type": ("int",), "symmetric": (True,), "dynamic": (True, False),
-        "strategy": ("token",) if dynamic else ("tensor",), "group_size": _UNSET,
-        "block_structure": _UNSET, "actorder": _UNSET})
+        "strategy": ("token",) if dynamic else ("tensor",), "group_size": UNSET,
+        "block_structure": UNSET, "actorder": UNSET}, _ARGS_INERT)
     return not dynamic
 
 
 def compressed_int8(qc: dict[str, Any]) -> Int8Settings:
     """The settings of a compressed-tensors `int-quantized` quantization_config (format checked
     by the caller, prequant.py); any setting not implemented raises, naming it."""
-    for key, value in qc.items():
-        if key in _CT_EMPTY:
-            if value:
-                raise _refuse(key, value, "not implemented (only weights and activations)")
-        elif key not in _CT_INERT:
-            raise _refuse(key, value, "a compressed-tensors setting not implemented")
-    status = qc.get("quantization_status", "compressed")
-    if status != "compressed":
-        raise _refuse("quantization_status", status, "only compressed checkpoints load")
-    groups = qc.get("config_groups") or {}
-    if len(groups) != 1:
-        raise _refuse("config_groups", sorted(groups), "exactly one quantization group loads")
-    name, group = next(iter(groups.items()))
-    field = f"config_groups.{name}"
+    field, group = compressed_group(qc, "not implemented (only weights and activations)")
     for key, value in group.items():
         if key == "targets" and value != ["Linear"]:
-            raise _refuse(f"{field}.targets", value, "only ['Linear'] loads")
+            raise refuse(f"{field}.targets", value, "only ['Linear'] loads")
         if key == "format" and value not in (None, "int-quantized"):
-            raise _refuse(f"{field}.format", value, "only int-quantized loads in an int8 config")
+            raise refuse(f"{field}.format", value, "only int-quantized loads in an int8 config")
         if key == "output_activations" and value is not None:
-            raise _refuse(f"{field}.output_activations", value, "not implemented")
+            raise refuse(f"{field}.output_activations", value, "not implemented")
         if key not in ("targets", "format", "output_activations", "weights",
                        "input_activations"):
-            raise _refuse(f"{field}.{key}", value, "a quantization group setting not implemented")
+            raise refuse(f"{field}.{key}", value, "a quantization group setting not implemented")
     weights = group.get("weights")
     if not isinstance(weights, dict):
-        raise _refuse(f"{field}.weights", weights, "a group without weights")
+        raise refuse(f"{field}.weights", weights, "a group without weights")
     # strategy: compressed-tensors' default without groups; actorder "static" reorders
     # columns while quantizing only: nothing of it is stored
     weights = {**weights, "strategy": weights.get("strategy") or "tensor"}
-    _args(weights, f"{field}.weights", {
+    check_args(weights, f"{field}.weights", {
         "num_bits": (8,), "type": ("int",), "symmetric": (True,), "dynamic": (False,),
-        "strategy": ("channel", "tensor"), "group_size": _UNSET, "block_structure": _UNSET,
-        "actorder": (None, "static")})
+        "strategy": ("channel", "tensor"), "group_size": UNSET, "block_structure": UNSET,
+        "actorder": (None, "static")}, _ARGS_INERT)
     static = _activations(group.get("input_activations"), f"{field}.input_activations")
     return Int8Settings(weights["strategy"], static)

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from .config_checks import names, refuse
+
 BLOCK = 32  # elements per scale block
 BYTES = BLOCK // 2  # bytes per block
 SCALE_BIAS = 127
@@ -118,10 +120,6 @@ def parse_config(qc: dict[str, Any]) -> tuple[tuple[str, ...], Mxfp4Details]:
     names (a layer listed as not converted stores bf16 tensors and loads as such)."""
     for key, value in qc.items():
         if key not in _KEYS:
-            raise ValueError(f"config.json quantization_config.{key}={value!r} is not supported: "
-                             "an mxfp4 setting this engine does not implement")
-    names = qc.get("modules_to_not_convert") or []
-    if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
-        raise ValueError(f"config.json quantization_config.modules_to_not_convert={names!r} is "
-                         "not supported: expected a list of module names")
-    return tuple(names), Mxfp4Details(tuple(names))
+            raise refuse(key, value, "an mxfp4 setting this engine does not implement")
+    kept = names(qc.get("modules_to_not_convert"), "modules_to_not_convert")
+    return kept, Mxfp4Details(kept)

@@ -20,22 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .config_checks import compressed_group, names, refuse
 from .w4a16 import GROUP_SIZES
 
 Parsed = tuple["W4Format", tuple[str, ...]]  # the settings, and the modules left unquantized
-
-
-def _refuse(field: str, value: object, why: str) -> ValueError:
-    """prequant.py's one-line refusal (that module dispatches here, so it is not imported)."""
-    return ValueError(f"config.json quantization_config.{field}={value!r} is not supported: {why}")
-
-
-def _names(v: object, field: str) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise _refuse(field, v, "expected a list of module names")
-    return tuple(v)
 
 
 @dataclass(frozen=True)
@@ -79,7 +67,7 @@ def _pick(qc: dict[str, Any], *names: str) -> tuple[str, Any]:
 def _bits(qc: dict[str, Any], *names: str) -> None:
     key, bits = _pick(qc, *names)
     if bits != 4:
-        raise _refuse(key, bits, "only 4-bit weights load (W4A16)")
+        raise refuse(key, bits, "only 4-bit weights load (W4A16)")
 
 
 def _group(key: str, g: object, per_channel_ok: bool) -> int:
@@ -87,13 +75,13 @@ def _group(key: str, g: object, per_channel_ok: bool) -> int:
         assert isinstance(g, int)
         return g
     allowed = ", ".join(map(str, GROUP_SIZES)) + (" or -1 (per channel)" if per_channel_ok else "")
-    raise _refuse(key, g, f"group sizes {allowed} load")
+    raise refuse(key, g, f"group sizes {allowed} load")
 
 
 def _check_keys(qc: dict[str, Any], known: frozenset[str] | set[str], what: str) -> None:
     for key, value in qc.items():
         if key not in known:
-            raise _refuse(key, value, f"a {what} setting this engine does not implement")
+            raise refuse(key, value, f"a {what} setting this engine does not implement")
 
 
 def _awq(qc: dict[str, Any]) -> Parsed:
@@ -103,17 +91,17 @@ def _awq(qc: dict[str, Any]) -> Parsed:
     _bits(qc, "bits", "w_bit")
     key, version = _pick(qc, "version", "format")
     if str(version).lower() != "gemm":
-        raise _refuse(key, version, "only AWQ's GEMM packing loads (gemv, gemv_fast, exllama, "
+        raise refuse(key, version, "only AWQ's GEMM packing loads (gemv, gemv_fast, exllama, "
                       "marlin and ipex pack the tensors differently)")
     key, g = _pick(qc, "group_size", "q_group_size")
     group = _group(key, g if g is not None else 128, per_channel_ok=False)
     if qc.get("zero_point", True) is not True:
-        raise _refuse("zero_point", qc["zero_point"], "AutoAWQ's GEMM checkpoints always store "
+        raise refuse("zero_point", qc["zero_point"], "AutoAWQ's GEMM checkpoints always store "
                       "zero points (qzeros)")
     if qc.get("desc_act") not in _UNSET:
-        raise _refuse("desc_act", qc["desc_act"], "AWQ has no act-order")
+        raise refuse("desc_act", qc["desc_act"], "AWQ has no act-order")
     fmt = W4Format("awq", group, symmetric=False, act_order=False)
-    return fmt, _names(qc.get("modules_to_not_convert"), "modules_to_not_convert")
+    return fmt, names(qc.get("modules_to_not_convert"), "modules_to_not_convert")
 
 
 def _gptq(qc: dict[str, Any]) -> Parsed:
@@ -126,24 +114,21 @@ def _gptq(qc: dict[str, Any]) -> Parsed:
     key, fmt = _pick(qc, "checkpoint_format", "format")
     fmt = "gptq" if fmt is None else str(fmt).lower()
     if fmt not in ("gptq", "gptq_v2"):
-        raise _refuse(key, fmt, "only the gptq (v1) and gptq_v2 packings load")
+        raise refuse(key, fmt, "only the gptq (v1) and gptq_v2 packings load")
     if qc.get("pack_dtype", "int32") not in ("int32", "torch.int32"):
-        raise _refuse("pack_dtype", qc["pack_dtype"], "only int32 packing loads")
+        raise refuse("pack_dtype", qc["pack_dtype"], "only int32 packing loads")
     for arith in ("lm_head", "dynamic", "adapter", "rotation", "is_marlin_format"):
         if qc.get(arith) not in _UNSET:
-            raise _refuse(arith, qc[arith], "changes the computation; not implemented")
+            raise refuse(arith, qc[arith], "changes the computation; not implemented")
     for flag in ("desc_act", "sym"):
         if qc.get(flag) is not None and not isinstance(qc[flag], bool):
-            raise _refuse(flag, qc[flag], "expected true or false")
+            raise refuse(flag, qc[flag], "expected true or false")
     details = W4Format("gptq", group, symmetric=qc.get("sym", True) is True,
                        act_order=qc.get("desc_act", False) is True,
                        zero_offset=1 if fmt == "gptq" else 0)
-    return details, _names(qc.get("modules_to_not_convert"), "modules_to_not_convert")
+    return details, names(qc.get("modules_to_not_convert"), "modules_to_not_convert")
 
 
-_CT_TOP = frozenset(("quant_method", "format", "config_groups", "ignore",
-                     "global_compression_ratio", "version", "provider", "quantization_status",
-                     "kv_cache_scheme", "sparsity_config", "transform_config"))
 _ACTORDER = {None: False, False: False, "weight": False, "static": False, True: True,
              "group": True, "dynamic": True}
 
@@ -158,55 +143,44 @@ def _ct_weights(args: dict[str, Any], field: str) -> W4Format:
             continue  # calibration / storage dtypes (the tensors carry theirs); size: below
         if key == "actorder":
             if not isinstance(value, str | bool | None) or value not in _ACTORDER:
-                raise _refuse(f"{field}.actorder", value, "supported: null, 'weight', 'group'")
+                raise refuse(f"{field}.actorder", value, "supported: null, 'weight', 'group'")
             continue
         if want is None:
-            raise _refuse(f"{field}.{key}", value, "a quantization argument not implemented")
+            raise refuse(f"{field}.{key}", value, "a quantization argument not implemented")
         if value not in want:
-            raise _refuse(f"{field}.{key}", value, f"supported: {', '.join(map(repr, want))}")
+            raise refuse(f"{field}.{key}", value, f"supported: {', '.join(map(repr, want))}")
     if args.get("num_bits") != 4:
-        raise _refuse(f"{field}.num_bits", args.get("num_bits"), "only 4-bit weights load")
+        raise refuse(f"{field}.num_bits", args.get("num_bits"), "only 4-bit weights load")
     strategy = args.get("strategy")
     if strategy == "channel":
         if args.get("group_size") not in (None, -1):
-            raise _refuse(f"{field}.group_size", args["group_size"], "channel strategy")
+            raise refuse(f"{field}.group_size", args["group_size"], "channel strategy")
         group = -1
     elif strategy == "group":
         group = _group(f"{field}.group_size", args.get("group_size"), per_channel_ok=False)
     else:
-        raise _refuse(f"{field}.strategy", strategy, "supported: 'group', 'channel'")
+        raise refuse(f"{field}.strategy", strategy, "supported: 'group', 'channel'")
     act = _ACTORDER[args.get("actorder")]
     return W4Format("ct", group, symmetric=args.get("symmetric", True) is True, act_order=act)
 
 
 def _ct_pack(qc: dict[str, Any]) -> Parsed:
-    _check_keys(qc, _CT_TOP, "compressed-tensors")
-    for key in ("kv_cache_scheme", "sparsity_config", "transform_config"):
-        if qc.get(key):
-            raise _refuse(key, qc[key], "not implemented (only weights)")
-    status = qc.get("quantization_status", "compressed")
-    if status != "compressed":
-        raise _refuse("quantization_status", status, "only compressed checkpoints load")
-    groups = qc.get("config_groups") or {}
-    if len(groups) != 1:
-        raise _refuse("config_groups", sorted(groups), "exactly one quantization group loads")
-    name, group = next(iter(groups.items()))
-    field = f"config_groups.{name}"
+    field, group = compressed_group(qc, "not implemented (only weights)")
     fmt: W4Format | None = None
     for key, value in group.items():
         if key == "targets" and value != ["Linear"]:
-            raise _refuse(f"{field}.targets", value, "only ['Linear'] loads")
+            raise refuse(f"{field}.targets", value, "only ['Linear'] loads")
         if key == "format" and value not in (None, "pack-quantized"):
-            raise _refuse(f"{field}.format", value, "only pack-quantized loads here")
+            raise refuse(f"{field}.format", value, "only pack-quantized loads here")
         if key in ("input_activations", "output_activations") and value is not None:
-            raise _refuse(f"{field}.{key}", value, "pack-quantized loads weight-only (W4A16)")
+            raise refuse(f"{field}.{key}", value, "pack-quantized loads weight-only (W4A16)")
         if key == "weights":
             fmt = _ct_weights(value or {}, f"{field}.weights")
         elif key not in ("targets", "format", "input_activations", "output_activations"):
-            raise _refuse(f"{field}.{key}", value, "a quantization group setting not implemented")
+            raise refuse(f"{field}.{key}", value, "a quantization group setting not implemented")
     if fmt is None:
-        raise _refuse(f"{field}.weights", None, "a group without weights")
-    return fmt, _names(qc.get("ignore"), "ignore")
+        raise refuse(f"{field}.weights", None, "a group without weights")
+    return fmt, names(qc.get("ignore"), "ignore")
 
 
 def w4_format(qc: dict[str, Any]) -> Parsed | None:
