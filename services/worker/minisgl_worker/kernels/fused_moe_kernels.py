@@ -136,6 +136,20 @@ def _tile_coords(num_tiles_m, num_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.const
 
 
 @triton.jit
+def tile_pairs(sorted_ptr, expert_of_block_ptr, tile_m, num_pairs, DIV: tl.constexpr,
+               BLOCK_M: tl.constexpr):
+    """Row tile tile_m of the expert-aligned pairs (align_pairs): (rows, which are real pairs,
+    the source row each reads: pair // DIV (the token for DIV=top_k, the pair itself for 1), and
+    the tile's expert). Pad rows read source row 0 (no load masks in the K loop); their results
+    are never stored."""
+    rows = tl.load(sorted_ptr + tile_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = rows < num_pairs
+    src = tl.where(valid, rows // DIV, 0).to(tl.int64)
+    expert = tl.load(expert_of_block_ptr + tile_m).to(tl.int64)
+    return rows, valid, src, expert
+
+
+@triton.jit
 def _dot_acc(acc, a, w, SWAP_AB: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.constexpr):
     """acc + a . w, or with SWAP_AB the transposed tile's acc + w . a. An fp8 slice's product is
     added to the fp32 sums on its own (promotion: Hopper's fp8 accumulation alone loses bits)."""
@@ -181,11 +195,8 @@ def gate_up_kernel(x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr, sorted_ptr, ex
     tile_m, tile_n = _tile_coords(num_tiles_m, inter, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
-    rows = tl.load(sorted_ptr + tile_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    # Pad rows read token 0 (no load masks in the loop); their results are never stored.
-    token = tl.where(valid, rows // TOPK, 0).to(tl.int64)
-    expert = tl.load(expert_of_block_ptr + tile_m).to(tl.int64)
+    rows, valid, token, expert = tile_pairs(sorted_ptr, expert_of_block_ptr, tile_m,
+                                            num_pairs, TOPK, BLOCK_M)
 
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -258,10 +269,8 @@ def down_kernel(a_ptr, a_scale_ptr, w_ptr, scale_ptr, out_ptr, weights_ptr, sort
     tile_m, tile_n = _tile_coords(num_tiles_m, hidden, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
-    rows = tl.load(sorted_ptr + tile_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    safe_rows = tl.where(valid, rows, 0).to(tl.int64)
-    expert = tl.load(expert_of_block_ptr + tile_m).to(tl.int64)
+    rows, valid, safe_rows, expert = tile_pairs(sorted_ptr, expert_of_block_ptr, tile_m,
+                                                num_pairs, 1, BLOCK_M)
 
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)

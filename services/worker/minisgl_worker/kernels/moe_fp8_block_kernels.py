@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fused_moe_kernels import _tile_coords
+from .fused_moe_kernels import _tile_coords, tile_pairs
 from .pdl import begin as _pdl_begin
 
 # globals a kernel reads must be constexpr
@@ -69,11 +69,8 @@ def gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_of_
     tile_m, tile_n = _tile_coords(num_tiles_m, inter, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
-    rows = tl.load(sorted_ptr + tile_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    # Pad rows read token 0 (no load masks in the loop); their results are never stored.
-    token = tl.where(valid, rows // TOPK, 0).to(tl.int64)
-    expert = tl.load(expert_of_block_ptr + tile_m).to(tl.int64)
+    rows, valid, token, expert = tile_pairs(sorted_ptr, expert_of_block_ptr, tile_m,
+                                            num_pairs, TOPK, BLOCK_M)
 
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -135,10 +132,8 @@ def down_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, weights_ptr, sorted_ptr,
     tile_m, tile_n = _tile_coords(num_tiles_m, hidden, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
-    rows = tl.load(sorted_ptr + tile_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    safe_rows = tl.where(valid, rows, 0).to(tl.int64)
-    expert = tl.load(expert_of_block_ptr + tile_m).to(tl.int64)
+    rows, valid, safe_rows, expert = tile_pairs(sorted_ptr, expert_of_block_ptr, tile_m,
+                                                num_pairs, 1, BLOCK_M)
 
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)

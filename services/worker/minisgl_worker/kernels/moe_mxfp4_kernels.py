@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fused_moe_kernels import _tile_coords
+from .fused_moe_kernels import _tile_coords, tile_pairs
 from .pdl import begin as _pdl_begin
 
 # For 4 bytes b0..b3 ($4) and their factors ($5: f0|f1, $6: f2|f3, bf16x2), the low nibbles'
@@ -153,10 +153,8 @@ def gate_up_kernel(x_ptr, w_ptr, s_ptr, out_ptr, sorted_ptr, expert_of_block_ptr
     tile_m, tile_n = _tile_coords(num_tiles_m, inter, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
-    rows = tl.load(sorted_ptr + tile_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    token = tl.where(valid, rows // TOPK, 0).to(tl.int64)  # pad rows read token 0
-    expert = tl.load(expert_of_block_ptr + tile_m).to(tl.int64)
+    rows, valid, token, expert = tile_pairs(sorted_ptr, expert_of_block_ptr, tile_m,
+                                            num_pairs, TOPK, BLOCK_M)
     dtype: tl.constexpr = x_ptr.dtype.element_ty
 
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -220,10 +218,8 @@ def down_kernel(a_ptr, w_ptr, s_ptr, out_ptr, weights_ptr, sorted_ptr, expert_of
     tile_m, tile_n = _tile_coords(num_tiles_m, hidden, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
-    rows = tl.load(sorted_ptr + tile_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    safe_rows = tl.where(valid, rows, 0).to(tl.int64)
-    expert = tl.load(expert_of_block_ptr + tile_m).to(tl.int64)
+    rows, valid, safe_rows, expert = tile_pairs(sorted_ptr, expert_of_block_ptr, tile_m,
+                                                num_pairs, 1, BLOCK_M)
     dtype: tl.constexpr = a_ptr.dtype.element_ty
 
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fused_moe_kernels import _tile_coords
+from .fused_moe_kernels import _tile_coords, tile_pairs
 from .pdl import begin as _pdl_begin
 from .w4a16_kernels import dequant_half, load_act_half, load_words, weight_cols
 
@@ -32,10 +32,9 @@ def moe_w4_kernel(a_ptr, q_ptr, s_ptr, z_ptr, out_ptr, weights_ptr, sorted_ptr,
     tile_m, tile_n = _tile_coords(num_tiles_m, n_out, BLOCK_N, GROUP_M)
     if tile_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
-    rows = tl.load(sorted_ptr + tile_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    a_off = tl.where(valid, rows // A_DIV, 0).to(tl.int64) * stride_at
-    expert = tl.load(expert_of_block_ptr + tile_m).to(tl.int64)
+    rows, valid, a_row, expert = tile_pairs(sorted_ptr, expert_of_block_ptr, tile_m, num_pairs,
+                                            A_DIV, BLOCK_M)
+    a_off = a_row * stride_at
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     wcols = weight_cols(cols, n_out, EVEN_N, BLOCK_N)
     r = tl.arange(0, BLOCK_K // 8)
