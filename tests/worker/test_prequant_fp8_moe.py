@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from minisgl_core.step import ReqPlan, StepPlan
-from minisgl_worker.engine import Engine, EngineConfig
+from minisgl_worker.engine import Engine
 from minisgl_worker.fp8_block import quantize_groups
 from minisgl_worker.layers.mla import deinterleave
 from minisgl_worker.layers.moe import SparseMoeBlock
@@ -26,10 +25,9 @@ from minisgl_worker.quant.fp8_experts import dequantize_expert, moe_block_refere
 
 from .driver import run_requests
 from .fp8_checkpoints import MOE_FORMATS, quant_block, write_fp8_checkpoint
+from .test_prequant_fp8 import PAGE, PROMPTS, _engine, _hf_logits, _keep_fp8, _logits
 from .tiny_models import COMMON, DEEPSEEK, randomize
 
-PAGE = 4
-PROMPTS = [[(7 * i + 3) % 512 for i in range(13)], [(11 * i + 5) % 512 for i in range(6)]]
 ARCHS = ("qwen3_moe", "deepseek_v3")
 FP8 = torch.float8_e4m3fn
 
@@ -86,32 +84,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
             deq = _hf_dequantized(ref, root / arch, root / f"{arch}-{fmt}-deq")
             out[arch, fmt] = (root / f"{arch}-{fmt}", deq, ref)
     return out
-
-
-def _engine(path: Path, **kw: object) -> Engine:
-    return Engine(EngineConfig(model_path=str(path), page_size=PAGE, num_pages=64, max_slots=4,
-                               **kw))  # type: ignore[arg-type]
-
-
-def _logits(engine: Engine) -> torch.Tensor:
-    reqs, page = [], 0
-    for i, p in enumerate(PROMPTS):
-        n = -(-len(p) // PAGE)
-        reqs.append(ReqPlan(rid=i, slot=i, cache_len=0, input_ids=p,
-                            new_pages=list(range(page, page + n)), sample=False))
-        page += n
-    return engine.forward_logits(StepPlan(0, reqs)).float()
-
-
-def _hf_logits(hf) -> torch.Tensor:  # noqa: ANN001
-    with torch.no_grad():
-        return torch.cat([hf(torch.tensor([p])).logits[0].float() for p in PROMPTS])
-
-
-def _keep_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
-    from minisgl_worker import loader
-
-    monkeypatch.setattr(loader, "keeps_fp8", lambda device, dtype: True)
 
 
 def _moe_blocks(engine: Engine) -> dict[str, SparseMoeBlock]:

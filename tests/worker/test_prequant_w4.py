@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from minisgl_core.step import ReqPlan, StepPlan
-from minisgl_worker.engine import Engine, EngineConfig
+from minisgl_worker.engine import Engine
 from minisgl_worker.layers.linear import RowParallelLinear
 from minisgl_worker.model_config import ModelConfig
 from minisgl_worker.quant.w4a16 import dequantize
@@ -26,11 +25,10 @@ from minisgl_worker.quant_load import w4
 from safetensors.torch import save_file
 
 from .driver import run_requests
+from .test_prequant_fp8 import PAGE, PROMPTS, VOCAB, _engine, _hf_logits, _logits
 from .tiny_models import COMMON, build_hf_model
 from .w4_checkpoints import FORMATS, write_w4_checkpoint
 
-VOCAB, PAGE = 512, 4
-PROMPTS = [[(7 * i + 3) % VOCAB for i in range(13)], [(11 * i + 5) % VOCAB for i in range(6)]]
 SMALL = dict(hidden_size=64, head_dim=16, intermediate_size=128)  # K = 64 / 128: 2 / 4 groups of 32
 WIDE = dict(hidden_size=128, head_dim=32, intermediate_size=256)  # groups of 128
 IGNORE = ["model.layers.1.mlp.down_proj"]  # stays unquantized (modules_to_not_convert / ignore)
@@ -70,24 +68,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     return {fmt: _write(root, hf, fmt, 32, IGNORE) for fmt in FORMATS}
 
 
-def _engine(path: Path, **kw: object) -> Engine:
-    return Engine(EngineConfig(model_path=str(path), page_size=PAGE, num_pages=64, max_slots=4,
-                               **kw))  # type: ignore[arg-type]
 
-
-def _logits(engine: Engine) -> torch.Tensor:
-    reqs, page = [], 0
-    for i, p in enumerate(PROMPTS):
-        n = -(-len(p) // PAGE)
-        reqs.append(ReqPlan(rid=i, slot=i, cache_len=0, input_ids=p,
-                            new_pages=list(range(page, page + n)), sample=False))
-        page += n
-    return engine.forward_logits(StepPlan(0, reqs)).float()
-
-
-def _hf_logits(hf) -> torch.Tensor:  # noqa: ANN001
-    with torch.no_grad():
-        return torch.cat([hf(torch.tensor([p])).logits[0].float() for p in PROMPTS])
 
 
 def _check_against_hf(engine: Engine, hf) -> None:  # noqa: ANN001
