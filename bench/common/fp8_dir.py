@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from bench.common.model_dir import make
+from bench.common.shards import ShardWriter
 
 BLOCK = 128
-SHARD_BYTES = 4 << 30
 FP8 = torch.float8_e4m3fn
 QUANTIZED = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.((experts\.\d+|shared_experts)\.)?"
                        r"\w+_proj(_with_mqa)?\.weight$")
@@ -97,8 +97,6 @@ def _tensors(shapes: dict[str, tuple[int, ...]], device: str,
 
 def write_checkpoint(config_dir: str, out_dir: str, layers: int | None = None,
                      seed: int = 0) -> dict[str, object]:
-    from safetensors.torch import save_file
-
     t0 = time.perf_counter()
     out = make(config_dir, out_dir)
     for old in out.glob("model*.safetensors*"):
@@ -108,28 +106,12 @@ def write_checkpoint(config_dir: str, out_dir: str, layers: int | None = None,
     gen = torch.Generator(device=device).manual_seed(seed)
     if cfg.get("tie_word_embeddings"):
         shapes.pop("lm_head.weight", None)  # the embedding's, as save_pretrained leaves it out
-    weight_map: dict[str, str] = {}
-    shard: dict[str, torch.Tensor] = {}
-    shards, total, size, fp8_bytes = 0, 0, 0, 0
-
-    def flush() -> None:
-        nonlocal shard, size, shards
-        if shard:
-            shards += 1
-            name = f"model-{shards:05d}.safetensors"
-            save_file(shard, str(out / name), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, name))
-        shard, size = {}, 0
-
+    writer = ShardWriter(out)
+    fp8_bytes = 0
     for name, t in _tensors(shapes, device, gen):
-        nbytes = t.numel() * t.element_size()
-        if size + nbytes > SHARD_BYTES:
-            flush()
-        shard[name], size, total = t, size + nbytes, total + nbytes
-        fp8_bytes += nbytes if t.dtype == FP8 else 0
-    flush()
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        writer.add(name, t)
+        fp8_bytes += t.numel() * t.element_size() if t.dtype == FP8 else 0
+    writer.close()
     saved = json.loads((out / "config.json").read_text())
     if layers:
         saved["num_hidden_layers"] = layers
@@ -139,8 +121,9 @@ def write_checkpoint(config_dir: str, out_dir: str, layers: int | None = None,
     saved["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
                                     "fmt": "e4m3", "weight_block_size": [BLOCK, BLOCK]}
     (out / "config.json").write_text(json.dumps(saved, indent=2))
-    return {"out": str(out), "layers": saved["num_hidden_layers"], "tensors": len(weight_map),
-            "gib": round(total / 2**30, 2), "fp8_gib": round(fp8_bytes / 2**30, 2),
+    return {"out": str(out), "layers": saved["num_hidden_layers"],
+            "tensors": len(writer.weight_map), "gib": round(writer.total / 2**30, 2),
+            "fp8_gib": round(fp8_bytes / 2**30, 2),
             "seconds": round(time.perf_counter() - t0, 1)}
 
 

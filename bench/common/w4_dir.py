@@ -23,13 +23,12 @@ import sys
 import time
 
 import torch
-from safetensors.torch import save_file
 
 from bench.common.model_dir import make
+from bench.common.shards import ShardWriter
 
 PROJ = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-SHARD_BYTES = 4 << 30
 
 
 def _pack(q: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
@@ -76,22 +75,8 @@ def write(config_dir: str, out_dir: str, fmt: str, group_size: int = 128,
         meta = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=device).manual_seed(seed)
-    shard: dict[str, torch.Tensor] = {}
-    weight_map: dict[str, str] = {}
-    size = count = 0
-    shards: list[dict[str, torch.Tensor]] = []
-
-    def flush() -> None:
-        nonlocal shard, size
-        if shard:
-            shards.append(shard)
-            name = f"model-{len(shards):05d}.safetensors"
-            save_file({k: v.cpu() for k, v in shard.items()}, str(out / name),
-                      metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, name))
-            shards[-1] = {}
-        shard, size = {}, 0
-
+    writer = ShardWriter(out)
+    count = 0
     for name, p in meta.named_parameters():
         if PROJ.search(name) and p.dim() == 2:
             n, k = p.shape
@@ -114,19 +99,14 @@ def write(config_dir: str, out_dir: str, fmt: str, group_size: int = 128,
             t = torch.randn(p.shape, generator=gen, device=device) * 0.02
             tensors = {name: t.bfloat16()}
         for key, t in tensors.items():
-            shard[key] = t
-            size += t.numel() * t.element_size()
-        if size >= SHARD_BYTES:
-            flush()
-    flush()
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": weight_map}))
+            writer.add(key, t)
+    writer.close()
     raw = json.loads((out / "config.json").read_text())
     raw["quantization_config"] = quant_config(fmt, group_size)
     raw["torch_dtype"] = "bfloat16"  # both engines run bf16 activations
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     return {"out": str(out), "format": fmt, "group_size": group_size, "projections": count,
-            "shards": len(shards), "seconds": round(time.perf_counter() - t0, 1)}
+            "shards": writer.shards, "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def main() -> int:
